@@ -1,0 +1,31 @@
+# The two commands in the README: `make demo` and `make test`. Both create .venv themselves.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: install test test-faults demo bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml constraints-dev.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -c constraints-dev.txt torch==2.13.0
+	$(PY) -m pip install -q -c constraints-dev.txt -e '.[torch,dev]'
+	touch $(STAMP)
+
+test: install
+	$(PY) -m pytest -q -ra tests
+
+# Long, many-seed variants of the failure campaign (chaos soak, repeated seeds).
+test-faults: install
+	RESILIENT_LONG_FAULTS=1 $(PY) -m pytest -q -ra tests/faults
+
+demo: install
+	$(PY) examples/demo.py
+
+bench: install
+	$(PY) bench/run_all.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

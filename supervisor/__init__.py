@@ -1,0 +1,1 @@
+"""resilient-run supervisor: a torch-free daemon that keeps a training job alive."""

@@ -1,0 +1,207 @@
+"""Job configuration: the one schema behind CLI flags and YAML files, with every default.
+
+A YAML file uses the CLI names in snake_case; CLI flags override file values. Validation turns
+every problem into a ConfigError whose message is one line naming the key and the fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import re
+import shlex
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import yaml
+
+from .errors import ConfigError
+
+__all__ = ["Config", "DEFAULTS", "load_config_file", "build_config", "parse_size", "parse_exit_codes"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """A validated job configuration (frozen: what the supervisor runs with never changes)."""
+
+    command: tuple[str, ...] = ()     # full argv of the child
+    script: Optional[str] = None      # set when the job is `SCRIPT.py`: runs under our Python
+    args: tuple[str, ...] = ()
+    run_dir: Optional[str] = None     # default: runs/<script stem>
+    max_restarts: int = 10
+    backoff: float = 1.0              # first delay; doubles; reset after progress; 0 = at once
+    backoff_max: float = 60.0
+    heartbeat_timeout: float = 600.0
+    startup_timeout: float = 900.0    # spawn to first heartbeat (and allowance of phase `starting`)
+    save_timeout: float = 1800.0      # allowance of phase `saving` without progress
+    grace_period: float = 30.0        # SIGTERM to SIGKILL
+    memory_limit: Optional[int] = None  # bytes; puts the child tree in its own memory cgroup
+    no_restart_exit_codes: tuple[int, ...] = (2,)
+    crash_loop_attempts: int = 3      # attempts without progress before the checkpoint is poisoned
+    env: tuple[tuple[str, str], ...] = ()
+    working_dir: Optional[str] = None
+    metrics_textfile_dir: Optional[str] = None  # node-exporter textfile collector dir
+    nproc_per_node: Optional[int] = None
+    nnodes: Optional[int] = None
+    node_rank: Optional[int] = None
+    rdzv_endpoint: Optional[str] = None
+
+    @property
+    def env_dict(self) -> dict[str, str]:
+        return dict(self.env)
+
+
+DEFAULTS = Config()
+
+# YAML keys and the field each sets; `command` may be a string (shell-split) or a list.
+_FIELDS = {f.name: f for f in dataclasses.fields(Config)}
+_KEYS = sorted(set(_FIELDS) - {"env"} | {"env", "metrics"})
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
+_SIZE_MULT = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_size(value: Union[str, int], key: str = "memory_limit") -> int:
+    """'8G', '512M', '1.5GiB' or a byte count -> bytes (binary units, as cgroups and free(1) use)."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{key}: expected a size like 8G or 512M, got {value!r}")
+    if isinstance(value, int):
+        n = value
+    else:
+        m = _SIZE_RE.match(str(value))
+        if not m:
+            raise ConfigError(f"{key}: {value!r} is not a size; use e.g. 8G, 512M or a byte count")
+        n = int(float(m.group(1)) * _SIZE_MULT[m.group(2).lower()])
+    if n <= 0:
+        raise ConfigError(f"{key}: size must be positive, got {value!r}")
+    return n
+
+
+def parse_exit_codes(value: Union[str, int, list, tuple], key: str = "no_restart_exit_codes") -> tuple[int, ...]:
+    items = value if isinstance(value, (list, tuple)) else [p for p in re.split(r"[,\s]+", str(value)) if p]
+    out = []
+    for it in items:
+        try:
+            code = int(it)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{key}: {it!r} is not an exit code; use a comma-separated list like 2,3") from None
+        if not 0 <= code <= 255 or isinstance(it, bool):
+            raise ConfigError(f"{key}: exit code {it!r} is out of range 0-255")
+        out.append(code)
+    return tuple(out)
+
+
+def _number(key: str, value: Any, *, integer: bool = False, minimum: float = 0.0) -> Union[int, float]:
+    kind = "a whole number" if integer else "a number of seconds"
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ConfigError(f"{key}: expected {kind}, got {value!r}")
+    try:
+        n = int(value) if integer else float(value)
+    except ValueError:
+        raise ConfigError(f"{key}: expected {kind}, got {value!r}") from None
+    if integer and isinstance(value, float) and value != int(value):
+        raise ConfigError(f"{key}: expected {kind}, got {value!r}")
+    if n < minimum or n != n:
+        raise ConfigError(f"{key}: must be >= {minimum:g}, got {value!r}")
+    return n
+
+
+def _validate(values: dict[str, Any], source: str) -> dict[str, Any]:
+    """Normalise raw values (YAML or CLI) into Config field values; `source` prefixes errors."""
+    out: dict[str, Any] = {}
+
+    def err(msg: str) -> ConfigError:
+        return ConfigError(f"{source}{msg}")
+
+    for key, value in values.items():
+        if value is None:
+            continue
+        try:
+            if key in ("max_restarts", "crash_loop_attempts", "nproc_per_node", "nnodes", "node_rank"):
+                out[key] = int(_number(key, value, integer=True, minimum=1 if key in ("crash_loop_attempts", "nproc_per_node", "nnodes") else 0))
+            elif key in ("backoff", "backoff_max", "grace_period"):
+                out[key] = float(_number(key, value))
+            elif key in ("heartbeat_timeout", "startup_timeout", "save_timeout"):
+                n = float(_number(key, value))
+                if n <= 0:
+                    raise ConfigError(f"{key}: must be > 0 seconds, got {value!r}")
+                out[key] = n
+            elif key == "memory_limit":
+                out[key] = parse_size(value, key)
+            elif key == "no_restart_exit_codes":
+                out[key] = parse_exit_codes(value, key)
+            elif key == "command":
+                if isinstance(value, str):
+                    out[key] = tuple(shlex.split(value))
+                elif isinstance(value, (list, tuple)) and all(isinstance(v, (str, int, float)) for v in value):
+                    out[key] = tuple(str(v) for v in value)
+                else:
+                    raise ConfigError(f"command: expected a string or a list of strings, got {value!r}")
+                if not out[key]:
+                    raise ConfigError("command: is empty")
+            elif key == "args":
+                if not isinstance(value, (list, tuple)):
+                    raise ConfigError(f"args: expected a list of strings, got {value!r}")
+                out[key] = tuple(str(v) for v in value)
+            elif key in ("script", "run_dir", "working_dir", "metrics_textfile_dir", "rdzv_endpoint"):
+                if not isinstance(value, (str, os.PathLike)) or not str(value):
+                    raise ConfigError(f"{key}: expected a path string, got {value!r}")
+                out[key] = str(value)
+            elif key == "env":
+                if not isinstance(value, dict):
+                    raise ConfigError(f"env: expected a mapping of NAME: value, got {value!r}")
+                out[key] = tuple(sorted((str(k), str(v)) for k, v in value.items()))
+            elif key == "metrics":
+                if not isinstance(value, dict) or set(value) - {"textfile_dir"}:
+                    raise ConfigError("metrics: expected a mapping with the key textfile_dir")
+                if value.get("textfile_dir") is not None:
+                    out["metrics_textfile_dir"] = str(value["textfile_dir"])
+            else:
+                hint = difflib.get_close_matches(key, _KEYS, n=1)
+                raise ConfigError(f"unknown key {key!r}" + (f" (did you mean {hint[0]!r}?)" if hint else f"; known keys: {', '.join(_KEYS)}"))
+        except ConfigError as e:
+            raise err(str(e)) from None
+    return out
+
+
+def load_config_file(path: Union[str, Path]) -> dict[str, Any]:
+    """Read and validate a YAML job file into Config field values (unset keys are absent)."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"config file {p} does not exist") from None
+    except OSError as e:
+        raise ConfigError(f"config file {p}: {e.strerror or e}") from e
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{p}: YAML syntax error{where}: {problem}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: expected a mapping of keys at the top level, got {type(data).__name__}")
+    base = p.parent
+    values = _validate({str(k): v for k, v in data.items()}, f"{p}: ")
+    # Relative paths in a file are relative to the file, as users of unit files expect.
+    for key in ("run_dir", "working_dir", "metrics_textfile_dir"):
+        if key in values and not os.path.isabs(values[key]):
+            values[key] = str((base / values[key]).resolve())
+    return values
+
+
+def build_config(file_values: dict[str, Any], cli_values: dict[str, Any]) -> Config:
+    """Merge file values with CLI values (CLI wins) into a Config; derive command from script."""
+    merged = {**file_values, **_validate({k: v for k, v in cli_values.items() if v is not None}, "")}
+    script = merged.get("script")
+    if not merged.get("command"):
+        if not script:
+            raise ConfigError("no job given: pass SCRIPT.py, or `-- COMMAND ...`, or set script/command in the config")
+        merged["command"] = (script, *merged.get("args", ()))
+    elif script:
+        raise ConfigError("give either script or command, not both")
+    return Config(**merged)
