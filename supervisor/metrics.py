@@ -1,0 +1,121 @@
+"""Prometheus text-format metrics of one run, written as a textfile for node-exporter."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Optional, Union
+
+from trainer_shim.rundir import RunDir, atomic_write_bytes
+
+__all__ = ["MetricsSnapshot", "FAILURE_KINDS", "METRICS", "render", "write_textfile",
+           "textfile_name", "disk_free_bytes"]
+
+# Always exported, at 0 until they happen: a counter series that appears only at its first
+# increment makes increase()/rate() miss that increment, so crash-loop alerts would fire late.
+FAILURE_KINDS = ("crash", "oom", "cuda_oom", "hang", "startup_timeout", "signal", "preempted")
+
+# name -> (type, help); the single list that render() emits and that the alert tests check.
+METRICS: dict[str, tuple[str, str]] = {
+    "resilient_run_up": ("gauge", "1 while the supervisor is alive and its child is running."),
+    "resilient_run_attempts_total": ("counter", "Child processes started for this run."),
+    "resilient_run_failures_total": ("counter", "Failed attempts, by failure kind."),
+    "resilient_run_heartbeat_age_seconds": ("gauge", "Seconds since the child's heartbeat last changed."),
+    "resilient_run_global_step": ("gauge", "Training step of the newest heartbeat."),
+    "resilient_run_last_checkpoint_step": ("gauge", "Step of the newest committed checkpoint."),
+    "resilient_run_last_checkpoint_age_seconds": ("gauge", "Seconds since the newest checkpoint was committed."),
+    "resilient_run_disk_free_bytes": ("gauge", "Free bytes on the run dir's filesystem (for unprivileged users)."),
+}
+
+Number = Union[int, float]
+
+
+@dataclasses.dataclass(frozen=True)
+class MetricsSnapshot:
+    """The values of one run at one moment; None means unknown and its sample is omitted."""
+
+    run: str
+    up: bool
+    attempts_total: int
+    failures_by_kind: Mapping[str, int]
+    heartbeat_age_s: Optional[float]
+    global_step: Optional[int]
+    last_checkpoint_step: Optional[int]
+    last_checkpoint_age_s: Optional[float]
+    disk_free_bytes: Optional[int]
+
+
+def _escape_label(value: str) -> str:
+    # The exposition format escapes exactly these three in label values.
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _format_value(v: Number) -> str:
+    if isinstance(v, bool):
+        return "1" if v else "0"
+    if isinstance(v, int):
+        return str(v)
+    if math.isnan(v):
+        return "NaN"
+    if math.isinf(v):
+        return "+Inf" if v > 0 else "-Inf"
+    return repr(float(v))
+
+
+def render(s: MetricsSnapshot) -> str:
+    """The snapshot in the Prometheus text exposition format, with # HELP and # TYPE lines."""
+    run = f'run="{_escape_label(s.run)}"'
+    kinds = dict.fromkeys(FAILURE_KINDS, 0)
+    kinds.update(s.failures_by_kind)
+    samples: dict[str, list[tuple[str, Number]]] = {
+        "resilient_run_up": [(run, bool(s.up))],
+        "resilient_run_attempts_total": [(run, s.attempts_total)],
+        "resilient_run_failures_total": [
+            (f'{run},kind="{_escape_label(k)}"', n) for k, n in sorted(kinds.items())
+        ],
+        "resilient_run_heartbeat_age_seconds": [(run, s.heartbeat_age_s)],
+        "resilient_run_global_step": [(run, s.global_step)],
+        "resilient_run_last_checkpoint_step": [(run, s.last_checkpoint_step)],
+        "resilient_run_last_checkpoint_age_seconds": [(run, s.last_checkpoint_age_s)],
+        "resilient_run_disk_free_bytes": [(run, s.disk_free_bytes)],
+    }
+    out = []
+    for name, (kind, help_text) in METRICS.items():
+        present = [(labels, v) for labels, v in samples[name] if v is not None]
+        if not present:
+            continue  # no HELP/TYPE for a family without samples: it would read as "exists, empty"
+        out.append(f"# HELP {name} {help_text}")
+        out.append(f"# TYPE {name} {kind}")
+        out.extend(f"{name}{{{labels}}} {_format_value(v)}" for labels, v in present)
+    return "\n".join(out) + "\n"
+
+
+def textfile_name(run: str) -> str:
+    """The collector file name for `run`, reduced to characters safe in a file name."""
+    return f"resilient_run_{re.sub(r'[^A-Za-z0-9_.-]', '_', run)}.prom"
+
+
+def write_textfile(run_dir: RunDir, s: MetricsSnapshot, textfile_dir: Optional[str] = None) -> None:
+    """Atomically write RUN_DIR/metrics.prom and, if `textfile_dir` is set, its collector copy.
+
+    Raises OSError when a write fails; the caller decides whether a lost sample matters.
+    """
+    data = render(s).encode()
+    # Not durable: rewritten every few seconds, and a stale copy after a power cut is harmless.
+    # Atomic matters: node-exporter must never read half a file (the temp name is not *.prom).
+    atomic_write_bytes(run_dir.metrics, data, durable=False)
+    if textfile_dir:
+        atomic_write_bytes(Path(textfile_dir) / textfile_name(s.run), data, durable=False)
+
+
+def disk_free_bytes(path: Union[str, os.PathLike]) -> Optional[int]:
+    """Bytes available to unprivileged users on the filesystem of `path`, or None if unknown."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
