@@ -11,6 +11,7 @@ import difflib
 import os
 import re
 import shlex
+import sys
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -188,7 +189,7 @@ def load_config_file(path: Union[str, Path]) -> dict[str, Any]:
     base = p.parent
     values = _validate({str(k): v for k, v in data.items()}, f"{p}: ")
     # Relative paths in a file are relative to the file, as users of unit files expect.
-    for key in ("run_dir", "working_dir", "metrics_textfile_dir"):
+    for key in ("run_dir", "working_dir", "metrics_textfile_dir", "script"):
         if key in values and not os.path.isabs(values[key]):
             values[key] = str((base / values[key]).resolve())
     return values
@@ -196,12 +197,16 @@ def load_config_file(path: Union[str, Path]) -> dict[str, Any]:
 
 def build_config(file_values: dict[str, Any], cli_values: dict[str, Any]) -> Config:
     """Merge file values with CLI values (CLI wins) into a Config; derive command from script."""
-    merged = {**file_values, **_validate({k: v for k, v in cli_values.items() if v is not None}, "")}
-    script = merged.get("script")
-    if not merged.get("command"):
-        if not script:
-            raise ConfigError("no job given: pass SCRIPT.py, or `-- COMMAND ...`, or set script/command in the config")
-        merged["command"] = (script, *merged.get("args", ()))
-    elif script:
+    cli = _validate({k: v for k, v in cli_values.items() if v is not None}, "")
+    if "script" in cli or "command" in cli:  # a job on the command line replaces the file's job
+        file_values = {k: v for k, v in file_values.items() if k not in ("script", "command", "args")}
+    merged = {**file_values, **cli}
+    script, command = merged.get("script"), merged.get("command")
+    if script and command:
         raise ConfigError("give either script or command, not both")
+    if script:
+        # SCRIPT.py runs under the supervisor's own Python, so the venv that has the shim is used.
+        merged["command"] = (sys.executable, script, *merged.get("args", ()))
+    elif not command:
+        raise ConfigError("no job given: pass SCRIPT.py, or `-- COMMAND ...`, or set script/command in the config")
     return Config(**merged)

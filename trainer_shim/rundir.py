@@ -611,3 +611,18 @@ def read_index(run_dir: RunDir) -> dict:
     except ContractError:
         return {}
     return idx if isinstance(idx, dict) else {}
+
+
+def checkpoint_roots(run_dir: RunDir, extra: Iterable[Path] = ()) -> list[Path]:
+    """Checkpoints dirs to search: the run dir's own first, then fallback dirs the index names."""
+    roots = [run_dir.checkpoints]
+    for p in extra:
+        if Path(p) not in roots:
+            roots.append(Path(p))
+    for entry in read_index(run_dir).values():
+        d = entry.get("dir") if isinstance(entry, dict) else None
+        if isinstance(d, str) and d:
+            parent = Path(d).parent
+            if parent not in roots:
+                roots.append(parent)
+    return roots

@@ -1,0 +1,82 @@
+"""Classify how an attempt ended: exactly one failure kind, with the evidence that decided it."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import signal
+from typing import Optional
+
+from trainer_shim.rundir import EXIT_PREEMPTED
+
+__all__ = ["Kind", "AttemptFacts", "classify"]
+
+
+class Kind(str, enum.Enum):
+    """How an attempt ended; every `attempt_ended` event carries exactly one."""
+
+    SUCCESS = "success"
+    PREEMPTED = "preempted"
+    OOM = "oom"                      # kernel OOM killer, with cgroup or kernel-log evidence
+    CUDA_OOM = "cuda_oom"            # torch.OutOfMemoryError in the error file
+    HANG = "hang"                    # heartbeat went stale; we killed it
+    STARTUP_TIMEOUT = "startup_timeout"
+    CRASH = "crash"                  # non-zero exit, Python exception
+    SIGNAL = "signal"                # killed by a signal, no OOM evidence
+
+
+@dataclasses.dataclass(frozen=True)
+class AttemptFacts:
+    """What the supervisor observed about one ended attempt (plain data, so tests can build it)."""
+
+    returncode: Optional[int]                 # Popen convention: negative = killed by that signal
+    killed_for: Optional[str] = None          # "hang" / "startup_timeout" when we killed it
+    stale_detail: str = ""                    # why we called it a hang
+    oom_evidence: tuple[str, ...] = ()        # cgroup counter rise, kernel log lines
+    error: Optional[dict] = None              # errors/attempt-N.json written by the shim
+    stop_requested: bool = False
+
+    @property
+    def exit_code(self) -> Optional[int]:
+        return self.returncode if self.returncode is not None and self.returncode >= 0 else None
+
+    @property
+    def signal(self) -> Optional[int]:
+        return -self.returncode if self.returncode is not None and self.returncode < 0 else None
+
+
+def _signame(num: int) -> str:
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return f"signal {num}"
+
+
+def _is_cuda_oom(error: Optional[dict]) -> bool:
+    if not error:
+        return False
+    typ = str(error.get("type", ""))
+    msg = str(error.get("message", ""))
+    return typ.endswith("OutOfMemoryError") or "CUDA out of memory" in msg or "CUDA error: out of memory" in msg
+
+
+def classify(f: AttemptFacts) -> tuple[Kind, str]:
+    """(kind, evidence) for one ended attempt; our own kill reasons win over the exit status."""
+    if f.killed_for == "hang":
+        return Kind.HANG, f.stale_detail or "heartbeat stale"
+    if f.killed_for == "startup_timeout":
+        return Kind.STARTUP_TIMEOUT, f.stale_detail or "no heartbeat after start"
+    if f.returncode == 0:
+        return Kind.SUCCESS, "exit code 0"
+    if f.returncode == EXIT_PREEMPTED:
+        return Kind.PREEMPTED, f"exit code {EXIT_PREEMPTED} after a preempt checkpoint"
+    if _is_cuda_oom(f.error):
+        return Kind.CUDA_OOM, f"{f.error.get('type')}: {str(f.error.get('message', ''))[:200]}"  # type: ignore[union-attr]
+    if f.oom_evidence:
+        how = f"killed by {_signame(f.signal)}" if f.signal else f"exit code {f.exit_code}"
+        return Kind.OOM, f"{how}; " + "; ".join(f.oom_evidence)
+    if f.signal is not None:
+        return Kind.SIGNAL, f"killed by {_signame(f.signal)}; no OOM evidence in cgroup or kernel log"
+    if f.error:
+        return Kind.CRASH, f"exit code {f.exit_code}; {f.error.get('type')}: {str(f.error.get('message', ''))[:200]}"
+    return Kind.CRASH, f"exit code {f.exit_code}"

@@ -1,0 +1,292 @@
+"""`resilient-run`: a thin typer CLI that parses and renders; the logic lives in plain modules."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from . import procs
+from .config import Config, build_config, load_config_file
+from .errors import EXIT_GAVE_UP, EXIT_OK, EXIT_USAGE, ConfigError, RunDirError, SupervisorError
+from .status import list_checkpoints, lock_holder, open_run_dir, read_status
+
+__all__ = ["app", "main", "resolve_job"]
+
+COMMANDS = ("run", "status", "checkpoints", "stop")
+
+app = typer.Typer(
+    add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
+    help="Keep a training job alive: restart it from the newest valid checkpoint when it dies or hangs.",
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+# The argv `main` was given: needed to tell `SCRIPT.py ARGS` from `-- COMMAND ARGS`, a
+# distinction click's parser erases.
+_argv: list[str] = []
+
+
+def _say(msg: str) -> None:
+    typer.echo(f"resilient-run: {msg}", err=True)
+
+
+def _default_run_dir(command: tuple[str, ...], script: Optional[str]) -> Path:
+    if script:
+        stem = Path(script).stem
+    else:
+        stem = next((Path(a).stem for a in command[1:] if a.endswith(".py")), Path(command[0]).name)
+    return Path("runs") / stem
+
+
+def resolve_job(job: list[str], command_mode: bool) -> dict:
+    """CLI job tokens -> config values (script+args, or command), checking the program exists."""
+    if not job:
+        return {}
+    if command_mode:
+        exe = job[0]
+        found = shutil.which(exe) if os.sep not in exe else (exe if os.access(exe, os.X_OK) and os.path.isfile(exe) else None)
+        if not found:
+            raise ConfigError(f"command {exe!r} not found or not executable; check PATH or give a full path")
+        return {"command": job}
+    script = job[0]
+    if not os.path.isfile(script):
+        raise ConfigError(f"script {script!r} not found; check the path (or run a program with `-- COMMAND ...`)")
+    return {"script": script, "args": job[1:]}
+
+
+def _check_run_dir(path: Path, explicit: bool) -> None:
+    if path.exists() and not path.is_dir():
+        raise RunDirError(f"run dir {path} is a file; choose another --run-dir")
+    parent = path.absolute().parent
+    if explicit and not path.exists() and not parent.is_dir():
+        raise RunDirError(f"parent directory {parent} of the run dir does not exist; create it or choose another --run-dir")
+    probe = path if path.exists() else next((p for p in [parent, *parent.parents] if p.exists()), parent)
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise RunDirError(f"run dir {path} is not writable ({probe}); choose another --run-dir")
+
+
+@app.command(context_settings={"allow_interspersed_args": False})
+def run(
+    job: Optional[List[str]] = typer.Argument(None, metavar="SCRIPT.py [ARGS]... | -- COMMAND [ARGS]...", show_default=False),
+    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Run directory [default: runs/<script stem>]."),
+    config: Optional[Path] = typer.Option(None, "--config", help="YAML job file (same names in snake_case; flags win)."),
+    max_restarts: Optional[int] = typer.Option(None, "--max-restarts", help="Restarts before giving up [default: 10]."),
+    backoff: Optional[float] = typer.Option(None, "--backoff", help="First restart delay in seconds, doubling up to 60; 0 restarts at once [default: 1]."),
+    heartbeat_timeout: Optional[float] = typer.Option(None, "--heartbeat-timeout", help="Seconds without a heartbeat change before a hang [default: 600]."),
+    startup_timeout: Optional[float] = typer.Option(None, "--startup-timeout", help="Seconds from spawn to first heartbeat [default: 900]."),
+    save_timeout: Optional[float] = typer.Option(None, "--save-timeout", help="Seconds a save may go without progress [default: 1800]."),
+    grace_period: Optional[float] = typer.Option(None, "--grace-period", help="Seconds from SIGTERM to SIGKILL [default: 30]."),
+    memory_limit: Optional[str] = typer.Option(None, "--memory-limit", help="Memory cgroup limit for the job, e.g. 8G."),
+    no_restart_exit_codes: Optional[str] = typer.Option(None, "--no-restart-exit-codes", help="Exit codes that are never retried [default: 2]."),
+    working_dir: Optional[Path] = typer.Option(None, "--working-dir", help="Working directory of the job."),
+) -> None:
+    """Run SCRIPT.py (under this Python) or `-- COMMAND` and keep it alive until it succeeds."""
+    from .agent import Supervisor  # imported here so `status` stays quick
+
+    tokens = list(job or [])
+    command_mode = bool(tokens) and len(_argv) > len(tokens) and _argv[len(_argv) - len(tokens) - 1] == "--"
+    file_values = load_config_file(config) if config else {}
+    cli_values = {
+        **resolve_job(tokens, command_mode),
+        "run_dir": str(run_dir) if run_dir else None, "max_restarts": max_restarts, "backoff": backoff,
+        "heartbeat_timeout": heartbeat_timeout, "startup_timeout": startup_timeout, "save_timeout": save_timeout,
+        "grace_period": grace_period, "memory_limit": memory_limit, "no_restart_exit_codes": no_restart_exit_codes,
+        "working_dir": str(working_dir) if working_dir else None,
+    }
+    cfg: Config = build_config(file_values, cli_values)
+    if not tokens and cfg.script and not os.path.isfile(cfg.script):
+        raise ConfigError(f"script {cfg.script!r} (from {config}) not found; fix `script:` in the config")
+    explicit = cfg.run_dir is not None
+    rdir = Path(cfg.run_dir) if cfg.run_dir else _default_run_dir(cfg.command, cfg.script)
+    _check_run_dir(rdir, explicit)
+    if cfg.working_dir and not os.path.isdir(cfg.working_dir):
+        raise ConfigError(f"working_dir {cfg.working_dir} is not a directory")
+    raise typer.Exit(Supervisor(cfg, rdir).run())
+
+
+def _fmt_age(s: Optional[float]) -> str:
+    if s is None:
+        return "-"
+    if s < 120:
+        return f"{s:.1f}s"
+    if s < 7200:
+        return f"{s / 60:.1f}m"
+    return f"{s / 3600:.1f}h"
+
+
+def _fmt_bytes(n: Optional[int]) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)
+
+
+def _status_table(rep, title: str):  # noqa: ANN001, ANN202 - rich objects
+    from rich.table import Table
+
+    t = Table(title=title, show_header=False, box=None, pad_edge=False)
+    t.add_column(style="bold")
+    t.add_column()
+    lf = rep.last_failure
+    ck = rep.latest_checkpoint
+    rows = [
+        ("state", rep.state), ("attempt", str(rep.attempt or "-")), ("restarts", str(rep.restarts if rep.restarts is not None else "-")),
+        ("supervisor pid", str(rep.supervisor_pid or "-")), ("trainer pid", str(rep.child_pid or "-")),
+        ("phase", rep.phase or "-"), ("step", str(rep.step if rep.step is not None else "-")),
+        ("epoch", str(rep.epoch if rep.epoch is not None else "-")),
+        ("loss", f"{rep.loss:.6g}" if isinstance(rep.loss, (int, float)) else "-"),
+        ("heartbeat age", _fmt_age(rep.heartbeat_age_s) + ("" if rep.heartbeat_fresh or rep.heartbeat_age_s is None else " (stale)")),
+        ("last failure", f"{lf['kind']} (attempt {lf['attempt']}, {lf['at']})" if lf else "-"),
+        ("latest checkpoint", f"{Path(ck['path']).name} (step {ck['step']}, {_fmt_age(rep.checkpoint_age_s)} ago)" if ck else "-"),
+        ("disk free", _fmt_bytes(rep.disk_free_bytes)),
+    ]
+    for k, v in rows:
+        t.add_row(k, v)
+    return t
+
+
+@app.command()
+def status(
+    run_dir: Path = typer.Argument(..., metavar="RUN_DIR"),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    watch: bool = typer.Option(False, "--watch", help="Refresh in place until interrupted."),
+    interval: float = typer.Option(1.0, "--interval", help="Refresh interval for --watch, seconds."),
+) -> None:
+    """Show the job's state; exit 0 when running with a fresh heartbeat or succeeded, else 1."""
+    rd = open_run_dir(run_dir)
+    if watch:
+        _watch(rd, interval)
+        return
+    rep = read_status(rd)
+    if as_json:
+        typer.echo(json.dumps(rep.to_json(), indent=2))
+    else:
+        from rich.console import Console
+
+        Console().print(_status_table(rep, f"resilient-run {rd.root}"))
+    raise typer.Exit(EXIT_OK if rep.healthy else EXIT_GAVE_UP)
+
+
+def _watch(rd, interval: float) -> None:  # noqa: ANN001
+    from rich.live import Live
+
+    prev: Optional[tuple[float, int]] = None
+    try:
+        with Live(refresh_per_second=4, screen=False) as live:
+            while True:
+                rep = read_status(rd)
+                now = time.monotonic()
+                rate = ""
+                if rep.step is not None:
+                    if prev is not None and now > prev[0] and rep.step >= prev[1]:
+                        rate = f", {(rep.step - prev[1]) / (now - prev[0]):.2f} steps/s"
+                    prev = (now, rep.step)
+                live.update(_status_table(rep, f"resilient-run {rd.root}{rate}"))
+                time.sleep(interval)
+    except KeyboardInterrupt:
+        pass
+
+
+@app.command()
+def checkpoints(
+    run_dir: Path = typer.Argument(..., metavar="RUN_DIR"),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    verify: bool = typer.Option(False, "--verify", help="Recompute every file's digest; exit 1 if any fails."),
+) -> None:
+    """List committed checkpoints, newest first."""
+    rd = open_run_dir(run_dir)
+    rows = list_checkpoints(rd, verify=verify)
+    if as_json:
+        typer.echo(json.dumps([r.to_json() for r in rows], indent=2))
+    else:
+        from rich.console import Console
+        from rich.table import Table
+
+        t = Table(box=None, header_style="bold")
+        for col in ("name", "step", "epoch", "batch", "kind", "loss", "size", "created", "status"):
+            t.add_column(col, justify="right" if col in ("step", "epoch", "batch", "loss", "size") else "left")
+        for r in rows:
+            flags = [f for f, on in (("latest", r.is_latest), ("best", r.is_best), ("inexact", r.exact is False)) if on]
+            st = ("ok" if not verify else "verified") if r.problem is None else f"INVALID: {r.problem}"
+            t.add_row(r.name, str(r.step), str(r.epoch if r.epoch is not None else "-"),
+                      str(r.batch_in_epoch if r.batch_in_epoch is not None else "-"), r.kind or "-",
+                      f"{r.loss:.6g}" if isinstance(r.loss, (int, float)) else "-", _fmt_bytes(r.size_bytes),
+                      (r.created_at or "-")[:19], st + (f" ({', '.join(flags)})" if flags else ""))
+        Console().print(t if rows else "no checkpoints")
+    raise typer.Exit(EXIT_GAVE_UP if verify and any(r.problem for r in rows) else EXIT_OK)
+
+
+@app.command()
+def stop(
+    run_dir: Path = typer.Argument(..., metavar="RUN_DIR"),
+    timeout: Optional[float] = typer.Option(None, "--timeout", help="Seconds to wait for the supervisor to exit [default: grace period + 30]."),
+    wait: bool = typer.Option(True, "--wait/--no-wait", help="Wait until the supervisor has exited."),
+) -> None:
+    """SIGTERM the run's supervisor: the trainer saves, the supervisor exits 75."""
+    from trainer_shim.rundir import ContractError, read_json
+
+    from .status import recorded_config
+
+    rd = open_run_dir(run_dir)
+    holder = lock_holder(rd)
+    try:
+        state = read_json(rd.supervisor_state)
+    except ContractError:
+        state = {}
+    if holder is None:
+        _say(f"no supervisor is running on {rd.root}")
+        raise typer.Exit(EXIT_GAVE_UP)
+    pid = state.get("supervisor_pid") if isinstance(state, dict) else None
+    proc = procs.matches(pid, state.get("supervisor_create_time")) if isinstance(state, dict) else None
+    if proc is None or pid != holder:
+        # Never signal a pid we cannot prove is this run's supervisor (stale or forged record).
+        _say(f"supervisor.json names pid {pid}, which is not the live supervisor of {rd.root} (lock held by pid {holder}); not signalling")
+        raise typer.Exit(EXIT_GAVE_UP)
+    procs.signal_pid(int(pid), signal.SIGTERM)
+    if not wait:
+        _say(f"sent SIGTERM to supervisor pid {pid}")
+        return
+    limit = timeout if timeout is not None else recorded_config(state).grace_period + 30
+    deadline = time.monotonic() + limit
+    while lock_holder(rd) is not None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if lock_holder(rd) is not None:
+        _say(f"supervisor pid {pid} is still running after {limit:g}s")
+        raise typer.Exit(EXIT_GAVE_UP)
+    final = read_status(rd)
+    _say(f"stopped: state {final.state}" + (f", latest checkpoint {final.latest_checkpoint['path']}" if final.latest_checkpoint else ""))
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    """Entry point: `resilient-run [RUN OPTIONS] SCRIPT.py ...` is shorthand for `run`."""
+    global _argv
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] not in COMMANDS and args[0] not in ("-h", "--help"):
+        args.insert(0, "run")
+    _argv = args
+    command = typer.main.get_command(app)
+    try:
+        rc = command.main(args=args, prog_name="resilient-run", standalone_mode=False)
+    except SupervisorError as e:
+        _say(f"error: {e}")
+        rc = e.exit_code
+    except KeyboardInterrupt:
+        rc = 130
+    except Exception as e:  # click usage errors (typer may vendor click, so match by shape)
+        if hasattr(e, "format_message") and hasattr(e, "exit_code"):
+            sub = args[0] if args and args[0] in COMMANDS else ""
+            _say(f"error: {e.format_message()} (see `resilient-run {sub} --help`)".replace("  ", " "))
+            rc = EXIT_USAGE
+        else:
+            raise
+    sys.exit(rc if isinstance(rc, int) else 0)

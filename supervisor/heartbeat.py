@@ -1,0 +1,133 @@
+"""Heartbeat watching: file events (watchdog) plus a timer, judged on our own monotonic clock."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Optional
+
+from trainer_shim.rundir import Phase, RunDir, read_heartbeat
+
+from .config import Config
+
+__all__ = ["allowance", "Stale", "HeartbeatMonitor", "HeartbeatEvents"]
+
+
+def allowance(phase: Optional[str], config: Config) -> float:
+    """Seconds a heartbeat may stay unchanged in `phase` before the job counts as hung.
+
+    Loading a big checkpoint (`starting`) and a long fsync (`saving`) legitimately go quiet
+    longer than a training step may.
+    """
+    if phase == Phase.STARTING.value:
+        return max(config.heartbeat_timeout, config.startup_timeout)
+    if phase == Phase.SAVING.value:
+        return max(config.heartbeat_timeout, config.save_timeout)
+    return config.heartbeat_timeout
+
+
+@dataclasses.dataclass(frozen=True)
+class Stale:
+    """A verdict that the attempt is not alive: `kind` is "hang" or "startup_timeout"."""
+
+    kind: str
+    detail: str
+    rank: Optional[int] = None
+
+
+@dataclasses.dataclass
+class _Track:
+    key: Any
+    changed_at: float
+    record: dict
+
+
+class HeartbeatMonitor:
+    """Per-rank liveness of one attempt: a heartbeat is alive while its content keeps changing.
+
+    Change is observed, and timed, here: the trainer's wall-clock `time` field and the file's
+    mtime are never trusted, so clock jumps on either side cannot fake a hang or hide one.
+    """
+
+    def __init__(self, run_dir: RunDir, attempt: int, config: Config, spawned_at: float) -> None:
+        self.run_dir, self.attempt, self.config, self.spawned_at = run_dir, attempt, config, spawned_at
+        self.tracks: dict[int, _Track] = {}
+
+    def observe(self, now: float) -> None:
+        """Read every rank's heartbeat and note which changed since the last look."""
+        try:
+            names = os.listdir(self.run_dir.heartbeats)
+        except OSError:
+            return
+        for name in names:
+            if not (name.startswith("rank-") and name.endswith(".json")):
+                continue
+            hb = read_heartbeat(self.run_dir.heartbeats / name)
+            if hb is None or hb.get("attempt") != self.attempt:
+                continue  # torn, or left over from an earlier attempt
+            rank = hb.get("rank", 0) if isinstance(hb.get("rank"), int) else 0
+            key = (hb.get("pid"), hb.get("seq"), hb.get("step"), hb.get("phase"), hb.get("save_bytes"))
+            t = self.tracks.get(rank)
+            if t is None or t.key != key:
+                self.tracks[rank] = _Track(key, now, hb)
+
+    @property
+    def first(self) -> Optional[dict]:
+        """Rank 0's latest heartbeat (or any rank's when rank 0 has none)."""
+        if 0 in self.tracks:
+            return self.tracks[0].record
+        return next(iter(self.tracks.values())).record if self.tracks else None
+
+    def verdict(self, now: float) -> Optional[Stale]:
+        if not self.tracks:
+            waited = now - self.spawned_at
+            if waited > self.config.startup_timeout:
+                return Stale("startup_timeout", f"no heartbeat {waited:.1f}s after start (--startup-timeout {self.config.startup_timeout:g})")
+            return None
+        for rank, t in sorted(self.tracks.items()):
+            phase = t.record.get("phase")
+            if phase == Phase.FINISHED.value:
+                continue
+            limit = allowance(phase, self.config)
+            age = now - t.changed_at
+            if age > limit:
+                return Stale("hang", f"rank {rank} heartbeat unchanged for {age:.1f}s (phase {phase}, step {t.record.get('step')}, limit {limit:g}s)", rank)
+        return None
+
+    def next_deadline(self, now: float) -> float:
+        """When the earliest verdict could change, so the loop can sleep until then."""
+        if not self.tracks:
+            return self.spawned_at + self.config.startup_timeout
+        return min(t.changed_at + allowance(t.record.get("phase"), self.config) for t in self.tracks.values())
+
+
+class HeartbeatEvents:
+    """Wakes the supervisor loop on heartbeat file events; the loop's timer covers NFS, where inotify is blind."""
+
+    def __init__(self, directory: Path, wake: Callable[[], None]) -> None:
+        self._observer: Any = None
+        try:
+            from watchdog.events import FileSystemEventHandler
+            from watchdog.observers import Observer
+        except ImportError:  # pragma: no cover - watchdog is a hard dependency
+            return
+
+        class _Handler(FileSystemEventHandler):
+            def on_any_event(self, event: Any) -> None:
+                wake()
+
+        try:
+            self._observer = Observer()
+            self._observer.schedule(_Handler(), str(directory), recursive=False)
+            self._observer.daemon = True
+            self._observer.start()
+        except OSError:
+            self._observer = None  # inotify limits reached: the timer alone still works
+
+    def stop(self) -> None:
+        if self._observer is not None:
+            self._observer.stop()
+            self._observer.join(timeout=2)
+            self._observer = None

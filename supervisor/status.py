@@ -1,0 +1,216 @@
+"""What a run dir says about its job: status report and checkpoint listing (read-only, no torch)."""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from trainer_shim.rundir import (
+    ContractError, InvalidCheckpoint, RunDir, checkpoint_roots, inspect_checkpoint, iter_checkpoint_dirs,
+    newest_valid, read_events, read_heartbeat, read_index, read_json,
+)
+
+from . import procs
+from .config import DEFAULTS, Config
+from .errors import RunDirError
+from .heartbeat import allowance
+
+__all__ = ["StatusReport", "read_status", "CheckpointRow", "list_checkpoints", "open_run_dir", "lock_holder"]
+
+FINAL_STATES = ("succeeded", "failed", "stopped")
+
+
+def open_run_dir(path: str | Path) -> RunDir:
+    """The RunDir at `path`, or RunDirError (exit 2) naming the problem."""
+    rd = RunDir(Path(path))
+    if not rd.root.exists():
+        raise RunDirError(f"{rd.root} does not exist; pass the run dir of a job (e.g. runs/train)")
+    if not rd.root.is_dir():
+        raise RunDirError(f"{rd.root} is not a directory; pass the run dir of a job (e.g. runs/train)")
+    if not rd.is_run_dir():
+        raise RunDirError(f"{rd.root} is not a run dir (no supervisor.json, events.jsonl or checkpoints/)")
+    return rd
+
+
+def lock_holder(rd: RunDir) -> Optional[int]:
+    """The pid holding supervisor.lock, or None when no live supervisor holds it."""
+    try:
+        fd = os.open(rd.lock, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raw = os.read(fd, 64).decode(errors="replace").strip()
+            return int(raw) if raw.isdigit() else -1
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
+def recorded_config(state: dict) -> Config:
+    cfg = state.get("config") if isinstance(state.get("config"), dict) else {}
+    known = {f.name for f in dataclasses.fields(Config)}
+    values = {k: v for k, v in cfg.items() if k in known and isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return dataclasses.replace(DEFAULTS, **values)
+
+
+@dataclasses.dataclass(frozen=True)
+class StatusReport:
+    """`status --json`; `healthy` decides the exit code (0 running with a fresh heartbeat, or succeeded)."""
+
+    state: str
+    supervisor_pid: Optional[int]
+    child_pid: Optional[int]
+    attempt: Optional[int]
+    restarts: Optional[int]
+    heartbeat_age_s: Optional[float]
+    step: Optional[int]
+    epoch: Optional[int]
+    loss: Optional[float]
+    last_failure: Optional[dict]
+    latest_checkpoint: Optional[dict]
+    phase: Optional[str] = None
+    heartbeat_fresh: bool = False
+    checkpoint_age_s: Optional[float] = None
+    disk_free_bytes: Optional[int] = None
+
+    @property
+    def healthy(self) -> bool:
+        return self.state == "succeeded" or (self.state == "running" and self.heartbeat_fresh)
+
+    def to_json(self) -> dict:
+        keys = ("state", "supervisor_pid", "child_pid", "attempt", "restarts", "heartbeat_age_s", "step",
+                "epoch", "loss", "last_failure", "latest_checkpoint")
+        return {k: getattr(self, k) for k in keys}
+
+
+def _newest_heartbeat(rd: RunDir) -> tuple[Optional[dict], Optional[float]]:
+    """Rank 0's heartbeat (else the stalest rank's) and its age by the file's mtime."""
+    best: tuple[Optional[dict], Optional[float]] = (None, None)
+    try:
+        names = sorted(os.listdir(rd.heartbeats))
+    except OSError:
+        return best
+    for name in names:
+        p = rd.heartbeats / name
+        hb = read_heartbeat(p)
+        if hb is None:
+            continue
+        try:
+            age = max(0.0, time.time() - p.stat().st_mtime)
+        except OSError:
+            continue
+        if name == "rank-0.json" or best[0] is None or (best[1] is not None and age > best[1]):
+            best = (hb, age)
+            if name == "rank-0.json":
+                break
+    return best
+
+
+def read_status(rd: RunDir) -> StatusReport:
+    try:
+        state = read_json(rd.supervisor_state)
+        if not isinstance(state, dict):
+            state = {}
+    except ContractError:
+        state = {}
+    recorded = str(state.get("state", "")) or "not_running"
+    sup_alive = procs.matches(state.get("supervisor_pid"), state.get("supervisor_create_time")) is not None
+    if recorded not in FINAL_STATES and not sup_alive:
+        recorded = "not_running"
+    cfg = recorded_config(state)
+    hb, age = _newest_heartbeat(rd)
+    fresh = False
+    if hb is not None and age is not None and hb.get("attempt") == state.get("attempt"):
+        fresh = age <= allowance(hb.get("phase"), cfg)
+    last_failure = None
+    for ev in reversed(read_events(rd)):
+        if ev.get("event") == "attempt_ended" and ev.get("kind") not in ("success", None):
+            last_failure = {"kind": ev.get("kind"), "exit_code": ev.get("exit_code"), "signal": ev.get("signal"),
+                            "at": ev.get("time"), "attempt": ev.get("attempt")}
+            break
+    latest = newest_valid(checkpoint_roots(rd))
+    ckpt_age = None
+    if latest is not None:
+        try:
+            ckpt_age = max(0.0, time.time() - (latest.path / "MANIFEST.json").stat().st_mtime)
+        except OSError:
+            pass
+    try:
+        free = shutil.disk_usage(rd.root).free
+    except OSError:
+        free = None
+    return StatusReport(
+        state=recorded, supervisor_pid=state.get("supervisor_pid"), child_pid=state.get("child_pid"),
+        attempt=state.get("attempt"), restarts=state.get("restarts"),
+        heartbeat_age_s=round(age, 3) if age is not None else None,
+        step=hb.get("step") if hb else None, epoch=hb.get("epoch") if hb else None,
+        loss=hb.get("loss") if hb else None, last_failure=last_failure,
+        latest_checkpoint={"path": str(latest.path), "step": latest.step} if latest else None,
+        phase=hb.get("phase") if hb else None, heartbeat_fresh=fresh,
+        checkpoint_age_s=round(ckpt_age, 3) if ckpt_age is not None else None, disk_free_bytes=free,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointRow:
+    """One listed checkpoint; `problem` is None when it passed the chosen check."""
+
+    name: str
+    path: str
+    step: int
+    epoch: Optional[int]
+    batch_in_epoch: Optional[int]
+    kind: Optional[str]
+    loss: Optional[float]
+    created_at: Optional[str]
+    size_bytes: Optional[int]
+    exact: Optional[bool]
+    is_best: bool
+    is_latest: bool
+    problem: Optional[str]
+
+    def to_json(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["valid"] = self.problem is None
+        return d
+
+
+def list_checkpoints(rd: RunDir, *, verify: bool = False) -> list[CheckpointRow]:
+    """Every committed checkpoint, newest first, checked by size (or full digests with `verify`)."""
+    index = read_index(rd)
+    try:
+        latest_target = (rd.latest).resolve() if rd.latest.is_symlink() else None
+    except OSError:
+        latest_target = None
+    rows = []
+    for step, path, root in iter_checkpoint_dirs(checkpoint_roots(rd)):
+        entry = index.get(path.name) if isinstance(index.get(path.name), dict) else {}
+        problem = None
+        manifest = None
+        try:
+            info = inspect_checkpoint(path, full=verify, root=root)
+            manifest = info.manifest
+        except InvalidCheckpoint as e:
+            problem = e.reason
+        size = sum(f.size for f in manifest.files.values()) if manifest else None
+        rows.append(CheckpointRow(
+            name=path.name, path=str(path), step=step,
+            epoch=manifest.epoch if manifest else entry.get("epoch"),
+            batch_in_epoch=manifest.batch_in_epoch if manifest else None,
+            kind=entry.get("kind") or (manifest.kind.value if manifest else None),
+            loss=manifest.loss if manifest else entry.get("loss"),
+            created_at=manifest.created_at if manifest else entry.get("timestamp"),
+            size_bytes=size, exact=manifest.exact if manifest else None,
+            is_best=bool(entry.get("is_best")), is_latest=latest_target is not None and path.resolve() == latest_target,
+            problem=problem,
+        ))
+    return rows

@@ -1,0 +1,59 @@
+"""A torch-free job that speaks the heartbeat contract, for supervisor behaviour tests.
+
+FAKE_PLAN="ATTEMPT:ACTION,..." picks what attempt N does after FAKE_STEPS steps of
+FAKE_STEP_S seconds: ok (exit 0), exitN, kill (SIGKILL self), hang (stop beating, sleep),
+silent (never beat at all), oomerr (write a CUDA OOM error file, exit 1), sigterm-aware
+stopping is built in (SIGTERM -> heartbeat phase stopping, exit 75). Unlisted attempts run ok.
+"""
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from trainer_shim import rundir  # noqa: E402
+
+rd = rundir.ensure_run_dir(os.environ[rundir.ENV_RUN_DIR])
+attempt = int(os.environ.get(rundir.ENV_ATTEMPT, "1"))
+plan = dict(p.split(":", 1) for p in os.environ.get("FAKE_PLAN", "").split(",") if p)
+action = plan.get(str(attempt), plan.get("*", "ok"))
+steps = int(os.environ.get("FAKE_STEPS", "5"))
+step_s = float(os.environ.get("FAKE_STEP_S", "0.1"))
+stop = []
+signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
+seq = 0
+
+
+def beat(step, phase="training"):
+    global seq
+    seq += 1
+    rundir.atomic_write_json(rd.heartbeat(0), {
+        "pid": os.getpid(), "rank": 0, "attempt": attempt, "step": step, "epoch": 0, "loss": None,
+        "phase": phase, "time": time.time(), "checkpoint_step": None, "seq": seq,
+        "resumed_from": os.environ.get(rundir.ENV_RESUME_FROM), "save_bytes": None}, durable=False)
+
+
+if action == "silent":
+    time.sleep(3600)
+print(f"fake_job: attempt {attempt} action {action}", flush=True)
+for step in range(1, steps + 1):
+    beat(step)
+    if stop:
+        beat(step, "stopping")
+        sys.exit(75)
+    time.sleep(step_s)
+if action.startswith("exit"):
+    sys.exit(int(action[4:]))
+if action == "kill":
+    os.kill(os.getpid(), signal.SIGKILL)
+if action == "hang":
+    while True:
+        time.sleep(3600)
+if action == "oomerr":
+    rd.error_file(attempt).write_text(json.dumps({"type": "torch.OutOfMemoryError", "message": "CUDA out of memory. Tried to allocate 2.00 GiB", "traceback": "", "step": steps}))
+    sys.exit(1)
+beat(steps, "finished")
+print("fake_job: done", flush=True)
