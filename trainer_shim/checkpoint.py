@@ -1,0 +1,223 @@
+"""Checkpoint I/O: snapshot state to CPU, write it hashed and fsynced, commit atomically, read it safely.
+
+The save is synchronous: `snapshot()` copies GPU tensors to CPU but only *references* CPU
+tensors, so the write must finish before training mutates them again. An async writer would
+have to clone CPU tensors in `snapshot()` first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import os
+import shutil
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from . import rundir
+from .errors import CheckpointError
+from .rundir import CheckpointKind, FileEntry, Manifest
+
+MODEL_FILE = "model.pt"
+OPTIMIZER_FILE = "optimizer.pt"
+TRAINER_FILE = "trainer.pt"
+_CHUNK = 16 << 20  # writes are split so save_bytes advances visibly during huge tensors
+
+
+class HashingWriter:
+    """A minimal binary file object over an fd: every write() is hashed and counted as it goes."""
+
+    def __init__(self, fd: int, progress: Optional[Callable[[int], None]] = None) -> None:
+        self.fd = fd
+        self.hasher = rundir.new_hasher()
+        self.nbytes = 0
+        self._progress = progress
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        total = len(view)
+        for start in range(0, total, _CHUNK):
+            piece = view[start:start + _CHUNK]
+            self.hasher.update(piece)
+            while piece:
+                n = os.write(self.fd, piece)
+                piece = piece[n:]
+            self.nbytes += min(_CHUNK, total - start)
+            if self._progress is not None:
+                self._progress(self.nbytes)
+        return total
+
+    def flush(self) -> None:
+        pass
+
+    def writable(self) -> bool:
+        return True
+
+    def digest(self) -> str:
+        return self.hasher.hexdigest()
+
+
+@dataclasses.dataclass
+class Snapshot:
+    """Everything one checkpoint holds, already on CPU, keyed by the file it goes into."""
+
+    files: dict[str, Any]
+    global_step: int
+    epoch: int
+    batch_in_epoch: int
+    kind: CheckpointKind
+    loss: Optional[float]
+    exact: bool = True
+
+    def tensor_bytes(self) -> int:
+        """Rough payload size (tensor bytes), used to estimate free space needs."""
+        total = 0
+
+        def walk(o: Any) -> None:
+            nonlocal total
+            if isinstance(o, torch.Tensor):
+                total += o.numel() * o.element_size()
+            elif isinstance(o, dict):
+                for v in o.values():
+                    walk(v)
+            elif isinstance(o, (list, tuple)):
+                for v in o:
+                    walk(v)
+
+        walk(self.files)
+        return total
+
+
+def to_cpu(obj: Any) -> Any:
+    """Copy device tensors to CPU (they may change under an async GPU stream); CPU ones by reference."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True) if obj.device.type != "cpu" else obj.detach()
+    if isinstance(obj, dict):
+        new = type(obj)((k, to_cpu(v)) for k, v in obj.items())
+        if hasattr(obj, "_metadata"):  # module versions that load_state_dict consults
+            new._metadata = obj._metadata  # type: ignore[attr-defined]
+        return new
+    if isinstance(obj, list):
+        return [to_cpu(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(to_cpu(v) for v in obj)
+    return obj
+
+
+_PLAIN = (int, float, str, bool, type(None))
+
+
+def check_plain(obj: Any, where: str) -> Any:
+    """Return `obj` made weights_only-loadable (NumPy scalars/arrays converted) or raise TypeError."""
+    if isinstance(obj, _PLAIN) or isinstance(obj, torch.Tensor):
+        return obj
+    if isinstance(obj, dict):
+        return {k: check_plain(v, f"{where}[{k!r}]") for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [check_plain(v, f"{where}[{i}]") for i, v in enumerate(obj)]
+    if isinstance(obj, tuple):
+        return tuple(check_plain(v, f"{where}[{i}]") for i, v in enumerate(obj))
+    mod = type(obj).__module__
+    if mod == "numpy":
+        import numpy as np
+
+        if isinstance(obj, np.ndarray):
+            return torch.from_numpy(obj.copy())
+        if isinstance(obj, np.generic):
+            return obj.item()
+    raise TypeError(f"{where} holds a {type(obj).__qualname__}; run.state takes numbers, strings, "
+                    "None, lists/dicts of them and tensors")
+
+
+def _write_file(path: Path, obj: Any, progress: Callable[[int], None]) -> FileEntry:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        w = HashingWriter(fd, progress)
+        torch.save(obj, w)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return FileEntry(w.nbytes, w.digest())
+
+
+def write_checkpoint(
+    ckpt_root: Path,
+    snap: Snapshot,
+    *,
+    meta: dict[str, Any],
+    progress: Callable[[int], None] = lambda n: None,
+) -> tuple[Path, Manifest, int]:
+    """Write `snap` into ckpt_root/.tmp-step-N, commit it as step-N and repoint `latest`.
+
+    Returns (committed dir, manifest, bytes written). On any failure the tmp dir is removed
+    and CheckpointError is raised; a committed dir is never overwritten.
+    """
+    rd_ckpts = Path(ckpt_root)
+    name = rundir.checkpoint_name(snap.global_step)
+    final = rd_ckpts / name
+    tmp = rd_ckpts / f"{rundir.TMP_PREFIX}{name}"
+    if final.exists():
+        raise CheckpointError(f"{final} already exists")
+    written = 0
+    try:
+        rd_ckpts.mkdir(mode=rundir.RUN_DIR_MODE, parents=True, exist_ok=True)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(mode=rundir.RUN_DIR_MODE)
+        entries: dict[str, FileEntry] = {}
+        for fname, obj in snap.files.items():
+            base = written
+            entries[fname] = _write_file(tmp / fname, obj, lambda n: progress(base + n))
+            written += entries[fname].size
+        manifest = Manifest(
+            global_step=snap.global_step, epoch=snap.epoch, batch_in_epoch=snap.batch_in_epoch,
+            kind=snap.kind, loss=snap.loss, created_at=rundir.now_iso(), files=entries, exact=snap.exact,
+            torch_version=torch.__version__, python_version=sys.version.split()[0],
+            git_commit=meta.get("git_commit"), git_dirty=meta.get("git_dirty"),
+        )
+        # MANIFEST.json last: its presence is what makes the checkpoint complete.
+        rundir.atomic_write_json(tmp / rundir.MANIFEST_NAME, manifest.to_json())
+        rundir.fsync_dir(tmp)
+        os.rename(tmp, final)
+        rundir.fsync_dir(rd_ckpts)
+        rundir.repoint_latest(rd_ckpts, name)
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError):
+            raise CheckpointError(f"cannot write {tmp}: {_describe(e)}") from e
+        raise
+    return final, manifest, written
+
+
+def _describe(e: OSError) -> str:
+    code = errno.errorcode.get(e.errno or 0, "")
+    return f"{code + ': ' if code else ''}{e.strerror or e}"
+
+
+def load_file(ckpt_dir: Path, fname: str) -> Any:
+    """torch.load one verified member with weights_only=True; CheckpointError names file and reason."""
+    path = Path(ckpt_dir) / fname
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # weights_only refusals are UnpicklingError; corrupt zips RuntimeError
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise CheckpointError(f"{fname}: torch.load(weights_only=True) refused it: {type(e).__name__}: {first}") from e
+
+
+def read_checkpoint(ckpt_dir: Path, *, root: Optional[Path] = None, model_only: bool = False) -> tuple[rundir.CheckpointInfo, dict[str, Any]]:
+    """Fully verify digests, then load every member safely; raises CheckpointError with the reason."""
+    try:
+        info = rundir.inspect_checkpoint(Path(ckpt_dir), full=True, root=root)
+    except rundir.InvalidCheckpoint as e:
+        raise CheckpointError(e.reason) from e
+    names = [MODEL_FILE] if model_only else list(info.manifest.files)
+    out = {}
+    for fname in names:
+        if fname not in info.manifest.files:
+            raise CheckpointError(f"{fname} is not in the manifest")
+        out[fname] = load_file(info.path, fname)
+    return info, out

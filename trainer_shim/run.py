@@ -1,0 +1,638 @@
+"""The public API: `init()` returns a Run that counts steps, beats, checkpoints and resumes bit-exactly."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Optional
+
+import torch
+
+from . import checkpoint as ckpt
+from . import data, rng, rotation, rundir, signals
+from .errors import CheckpointError, ConfigError
+from .heartbeat import Heartbeat
+from .rundir import CheckpointKind, Phase
+
+__all__ = ["Run", "init", "load", "LoadResult"]
+
+_PREFIX = "trainer_shim:"
+
+
+def _say(msg: str) -> None:
+    print(f"{_PREFIX} {msg}", file=sys.stderr, flush=True)
+
+
+def _script_path() -> Optional[Path]:
+    main = sys.modules.get("__main__")
+    f = getattr(main, "__file__", None) or (sys.argv[0] if sys.argv and sys.argv[0] not in ("", "-c") else None)
+    return Path(f).resolve() if f else None
+
+
+def git_info(directory: Optional[Path], timeout: float = 2.0) -> tuple[Optional[str], Optional[bool]]:
+    """(commit, dirty) of the repository containing `directory`; (None, None) when not a repo."""
+    if directory is None:
+        return None, None
+    try:
+        head = subprocess.run(["git", "-C", str(directory), "rev-parse", "HEAD"], capture_output=True,
+                              text=True, timeout=timeout)
+        if head.returncode != 0:
+            return None, None
+        commit = head.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None, None
+    try:
+        st = subprocess.run(["git", "-C", str(directory), "status", "--porcelain", "--untracked-files=no"],
+                            capture_output=True, text=True, timeout=timeout)
+        dirty: Optional[bool] = bool(st.stdout.strip()) if st.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        dirty = None
+    return commit, dirty
+
+
+def _env_int(name: str, default: int) -> int:
+    try:
+        return int(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+class Run:
+    """One training process's view of its run dir. Create it with `trainer_shim.init()`."""
+
+    def __init__(
+        self,
+        *,
+        model: Any = None,
+        optimizer: Any = None,
+        scheduler: Any = None,
+        scaler: Any = None,
+        extra: Optional[dict[str, Any]] = None,
+        run_dir: Optional[os.PathLike | str] = None,
+        save_every_steps: Optional[int] = None,
+        save_every_seconds: Optional[float] = None,
+        save_on_epoch_end: bool = True,
+        keep_last: int = 3,
+        keep_epochs: int = 10,
+        keep_best: int = 1,
+        fallback_dir: Optional[os.PathLike | str] = None,
+        min_free_bytes: Optional[int] = None,
+        heartbeat_interval: float = 1.0,
+        resume_emergency: bool = False,
+    ) -> None:
+        if save_every_steps is not None and save_every_steps <= 0:
+            raise ConfigError(f"save_every_steps must be positive, got {save_every_steps}")
+        if extra is not None and not isinstance(extra, dict):
+            raise ConfigError("extra must be a dict of objects with state_dict()/load_state_dict()")
+        script = _script_path()
+        root = run_dir or os.environ.get(rundir.ENV_RUN_DIR) or Path("runs") / (script.stem if script else "interactive")
+        try:
+            self.rd = rundir.ensure_run_dir(Path(root).absolute())
+        except rundir.ContractError as e:
+            raise ConfigError(str(e)) from e
+        self.rank = _env_int("RANK", 0)
+        self.attempt = _env_int(rundir.ENV_ATTEMPT, 1)
+        # The first beat goes out before any restore work, so a slow restore is visibly "starting".
+        self._hb = Heartbeat(self.rd.heartbeat(self.rank), rank=self.rank, attempt=self.attempt,
+                             interval=heartbeat_interval)
+        self._hb.write_now()
+
+        self.model, self.optimizer, self.scheduler, self.scaler = model, optimizer, scheduler, scaler
+        self.extra: dict[str, Any] = dict(extra or {})
+        self.save_every_steps = save_every_steps
+        self.save_every_seconds = save_every_seconds
+        self.save_on_epoch_end = save_on_epoch_end
+        self.keep_last, self.keep_epochs, self.keep_best = keep_last, keep_epochs, keep_best
+        self.fallback_dir = Path(fallback_dir).absolute() if fallback_dir else None
+        self.min_free_bytes = int(min_free_bytes or 0)
+        self.heartbeat_interval = float(heartbeat_interval)
+        self.resume_emergency = resume_emergency
+
+        self.global_step = 0
+        self.epoch = 0
+        self.batch_in_epoch = 0
+        self.loss: Optional[float] = None
+        self.resumed_from: Optional[str] = None
+        self.state: dict[str, Any] = {}
+        self.checkpoint_step: Optional[int] = None
+
+        self._yielded = 0                 # batches handed out by the current training stream
+        self._stream_epoch: Optional[int] = None  # epoch whose training stream has started
+        self._stream_done = False
+        self._in_epochs = False
+        self._stream_loader: Any = None   # the loader of the training stream (for stateful ones)
+        self._epoch_rng: Optional[dict] = None  # RNG right before this epoch's iterator was built
+        self._resume_stream: Optional[dict] = None  # mid-epoch resume data, used by batches()
+        self._dirty = False               # an optimizer.step() ran since the last run.step()
+        self._hb_last = -math.inf
+        self._last_save_t = time.monotonic()
+        self._last_size = 0               # bytes of the last checkpoint (free-space check)
+        self._resumed_step: Optional[int] = None
+        self._committed_step: Optional[int] = None  # newest checkpoint this process committed
+        self._warned_workers = False
+        self._finished = False
+
+        self._stop = signals.StopFlag()
+        self._stop.install()
+        signals.install_stack_dumps(self.rd.stacks_file(os.getpid()))
+        signals.install_excepthook(self._on_exception)
+        if optimizer is not None and hasattr(optimizer, "register_step_post_hook"):
+            optimizer.register_step_post_hook(self._on_optimizer_step)
+
+        for d in self.search_dirs:
+            for t in rundir.tmp_dirs(d):  # abandoned writes of a killed attempt
+                shutil.rmtree(t, ignore_errors=True)
+        self.git_commit, self.git_dirty = git_info(script.parent if script else None)
+
+        self._restore()
+        self._hb.fields.update(step=self.global_step, epoch=self.epoch, loss=self.loss,
+                               resumed_from=self.resumed_from, checkpoint_step=self.checkpoint_step)
+        self._hb.start()
+
+    # --- paths ----------------------------------------------------------------------------------
+
+    @property
+    def search_dirs(self) -> list[Path]:
+        """Checkpoint roots in restore order: the run dir's, then the fallback's."""
+        dirs = [self.rd.checkpoints]
+        if self.fallback_dir is not None:
+            dirs.append(self.fallback_dir / rundir.CHECKPOINTS)
+        return dirs
+
+    # --- the training loop API ------------------------------------------------------------------
+
+    def epochs(self, num_epochs: int) -> Iterator[int]:
+        """Yield epoch numbers from the restored one on; the epoch-end checkpoint follows each body."""
+        self._in_epochs = True
+        try:
+            e = self.epoch
+            while e < num_epochs:
+                self.epoch = e
+                yield e
+                self._end_epoch()
+                e += 1
+        finally:
+            self._in_epochs = False
+
+    def batches(self, loader: Iterable) -> Iterator[Any]:
+        """Yield the epoch's batches in the interrupted run's order, skipping consumed ones unloaded.
+
+        The first run.batches() of an epoch is its training stream; later calls in the same epoch
+        (e.g. validation) pass through untouched. Without run.epochs(), a new call after the
+        previous stream was exhausted starts the next epoch.
+        """
+        if self._stream_epoch == self.epoch:
+            if not (self._stream_done and not self._in_epochs):
+                yield from loader
+                return
+            self._advance_epoch_counters()
+        self._stream_epoch = self.epoch
+        self._stream_done = False
+        self._stream_loader = loader
+        resume = self._resume_stream
+        self._resume_stream = None
+        if resume is not None and resume["epoch"] == self.epoch and resume["batch_in_epoch"] > 0:
+            it = self._resumed_iter(loader, resume)
+            self._yielded = resume["batch_in_epoch"]
+        else:
+            self._epoch_rng = rng.capture(data.loader_generator(loader))
+            it = iter(loader)
+            self._yielded = 0
+        for batch in it:
+            self._yielded += 1
+            yield batch
+        self._stream_done = True
+
+    def step(self, loss: Any = None) -> None:
+        """Count one optimizer step: heartbeat when due, checkpoint when due, graceful stop if asked."""
+        self.global_step += 1
+        self.batch_in_epoch = self._yielded if self._stream_epoch == self.epoch else self.batch_in_epoch + 1
+        if loss is not None:
+            self.loss = loss if type(loss) is float else float(loss)
+        self._dirty = False
+        now = time.monotonic()
+        if now - self._hb_last >= self.heartbeat_interval:
+            self._hb_last = now
+            f = self._hb.fields
+            f["step"] = self.global_step
+            f["epoch"] = self.epoch
+            f["loss"] = self.loss
+            f["phase"] = "training"
+            self._hb.request()
+        every = self.save_every_steps
+        if (every and self.global_step % every == 0) or (
+                self.save_every_seconds is not None and now - self._last_save_t >= self.save_every_seconds):
+            self._save(CheckpointKind.STEP)
+        if self._stop.requested:
+            self._preempt()
+
+    def heartbeat(self) -> None:
+        """An explicit liveness beat for long non-step work (validation); rate-limited like step()."""
+        now = time.monotonic()
+        if now - self._hb_last >= self.heartbeat_interval:
+            self._hb_last = now
+            self._hb.fields.update(step=self.global_step, epoch=self.epoch, loss=self.loss, phase="training")
+            self._hb.request()
+        if self._stop.requested:
+            self._preempt()
+
+    def save(self) -> Optional[Path]:
+        """Checkpoint now (kind step); returns the checkpoint dir, or None if the save failed."""
+        return self._save(CheckpointKind.STEP)
+
+    def finish(self) -> None:
+        """Final checkpoint and the `finished` heartbeat; the run dir is left ready for inspection."""
+        if self._finished:
+            return
+        self._save(CheckpointKind.FINAL)
+        self._finished = True
+        self._hb.stop()
+        self._hb.write_now(phase=Phase.FINISHED.value, step=self.global_step, epoch=self.epoch,
+                           loss=self.loss, checkpoint_step=self.checkpoint_step)
+
+    # --- epochs -------------------------------------------------------------------------------
+
+    def _advance_epoch_counters(self) -> None:
+        self.epoch += 1
+        self.batch_in_epoch = 0
+        self._yielded = 0
+        self._stream_epoch = None
+        self._epoch_rng = None
+
+    def _end_epoch(self) -> None:
+        self._advance_epoch_counters()
+        self._hb.fields["epoch"] = self.epoch
+        if self.save_on_epoch_end:
+            self._save(CheckpointKind.EPOCH)
+        if self._stop.requested:
+            self._preempt()
+
+    def _resumed_iter(self, loader: Any, resume: dict) -> Iterator:
+        """The iterator of a mid-epoch resume; leaves the RNG exactly as after the checkpointed step."""
+        k = resume["batch_in_epoch"]
+        gen = data.loader_generator(loader)
+        epoch_rng = resume.get("epoch_rng")
+        self._epoch_rng = epoch_rng
+        if epoch_rng is not None:
+            rng.restore(epoch_rng, gen)  # the iterator's own draws must see the epoch-start state
+        if data.is_stateful(loader) and resume.get("loader_state") is not None:
+            loader.load_state_dict(resume["loader_state"])
+            it = iter(loader)
+        elif data.can_skip_by_index(loader):
+            if loader.num_workers > 0 and not self._warned_workers:
+                self._warned_workers = True
+                _say(f"warning: mid-epoch resume with num_workers={loader.num_workers}: batches are "
+                     "identical for a deterministic __getitem__, but worker-side randomness may differ "
+                     "(workers are assigned round-robin from the resume point)")
+            new, skip = data.resumed_loader(loader, k)
+            it = iter(new)
+            skip.prime()  # single-process loaders draw the sampler seed lazily: do it now
+        else:
+            it = data.skip_plain(loader, k)
+        rng.restore(resume["step_rng"])
+        return it
+
+    # --- saving -------------------------------------------------------------------------------
+
+    def _on_optimizer_step(self, *args: Any, **kwargs: Any) -> None:
+        self._dirty = True
+
+    def _existing(self, step: int) -> Optional[Path]:
+        name = rundir.checkpoint_name(step)
+        for d in self.search_dirs:
+            if (d / name).is_dir():
+                return d / name
+        return None
+
+    def _snapshot(self, kind: CheckpointKind, exact: bool) -> ckpt.Snapshot:
+        """Collect state (CPU tensors by reference, device tensors copied); the write is synchronous."""
+        files: dict[str, Any] = {}
+        if self.model is not None:
+            files[ckpt.MODEL_FILE] = ckpt.to_cpu(self.model.state_dict())
+        if self.optimizer is not None:
+            files[ckpt.OPTIMIZER_FILE] = ckpt.to_cpu(self.optimizer.state_dict())
+        stream = self._stream_loader if self._stream_epoch == self.epoch else None
+        trainer = {
+            "format": rundir.FORMAT_VERSION,
+            "global_step": self.global_step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
+            "loss": self.loss,
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "extra": {k: v.state_dict() for k, v in self.extra.items() if v is not None},
+            "state": ckpt.check_plain(self.state, "run.state"),
+            "rng": rng.capture(),
+            "epoch_rng": self._epoch_rng if self.batch_in_epoch > 0 else None,
+            "loader_state": stream.state_dict() if stream is not None and data.is_stateful(stream) else None,
+        }
+        files[ckpt.TRAINER_FILE] = ckpt.to_cpu(trainer)
+        return ckpt.Snapshot(files, self.global_step, self.epoch, self.batch_in_epoch, kind, self.loss, exact)
+
+    def _save(self, kind: CheckpointKind, exact: bool = True) -> Optional[Path]:
+        """Save at the current step unless it already has a checkpoint; storage failures never raise."""
+        self._last_save_t = time.monotonic()
+        existing = self._existing(self.global_step)
+        if existing is not None:
+            self._upgrade_kind(existing, kind)
+            return existing
+        snap = self._snapshot(kind, exact)
+        self._hb.fields.update(step=self.global_step, epoch=self.epoch, loss=self.loss)
+        self._hb.begin_save()
+        try:
+            for root in self.search_dirs:
+                if not self._ensure_space(root, snap):
+                    continue
+                try:
+                    path, manifest, nbytes = ckpt.write_checkpoint(
+                        root, snap, meta={"git_commit": self.git_commit, "git_dirty": self.git_dirty},
+                        progress=self._on_progress)
+                except CheckpointError as e:
+                    self._last_size = max(self._last_size, self._hb.save_bytes)
+                    self._failed(root, str(e))
+                    continue
+                self._last_size = nbytes
+                self.checkpoint_step = self._committed_step = self.global_step
+                self._index_add(path, manifest)
+                self._rotate()
+                return path
+            return None
+        finally:
+            self._last_save_t = time.monotonic()
+            self._hb.end_save(checkpoint_step=self.checkpoint_step)
+
+    def _on_progress(self, nbytes: int) -> None:
+        self._hb.save_bytes = nbytes
+
+    def _failed(self, root: Path, error: str) -> None:
+        _say(f"warning: checkpoint at step {self.global_step} failed in {root}: {error}; training continues")
+        self._event("checkpoint_failed", path=str(root / rundir.checkpoint_name(self.global_step)), error=error)
+
+    def _event(self, event: str, **fields: Any) -> None:
+        try:
+            rundir.append_event(self.rd, event, self.attempt, **fields)
+        except OSError as e:
+            _say(f"warning: cannot append to {self.rd.events}: {e}")
+
+    def _ensure_space(self, root: Path, snap: ckpt.Snapshot) -> bool:
+        """Free space >= 1.2 x last checkpoint + min_free_bytes, rotating first if that makes room."""
+        need = int(1.2 * self._last_size) + self.min_free_bytes
+        if need <= 0:
+            return True
+        free = self._free(root)
+        if free is None or free >= need:
+            return True
+        name = rundir.checkpoint_name(snap.global_step)
+        self._rotate(placeholder=rotation.Entry(name, snap.global_step, snap.kind, snap.loss, snap.exact))
+        free = self._free(root)
+        if free is None or free >= need:
+            return True
+        self._failed(root, f"no_space: need {need} bytes free, have {free}")
+        return False
+
+    @staticmethod
+    def _free(root: Path) -> Optional[int]:
+        p = root
+        while not p.exists() and p != p.parent:
+            p = p.parent
+        try:
+            return shutil.disk_usage(p).free
+        except OSError:
+            return None
+
+    # --- index and rotation -------------------------------------------------------------------
+
+    def _write_index(self, idx: dict) -> None:
+        names = {n for n in idx}
+        entries = [rotation.Entry(n, e.get("global_step", 0), CheckpointKind(e.get("kind", "step")),
+                                  e.get("loss"), e.get("kind") != "emergency") for n, e in idx.items()]
+        best = rotation.best_names(entries, self.keep_best)
+        for n in names:
+            idx[n]["is_best"] = n in best
+        try:
+            rundir.atomic_write_json(self.rd.index, idx)
+        except OSError as e:
+            _say(f"warning: cannot write {self.rd.index}: {e}")
+
+    def _index_add(self, path: Path, manifest: rundir.Manifest) -> None:
+        idx = rundir.read_index(self.rd)
+        idx[path.name] = rundir.index_entry(manifest, is_best=False, directory=path)
+        self._write_index(idx)
+
+    def _upgrade_kind(self, path: Path, kind: CheckpointKind) -> None:
+        idx = rundir.read_index(self.rd)
+        ent = idx.get(path.name)
+        if ent is None:
+            try:
+                info = rundir.inspect_checkpoint(path)
+            except rundir.InvalidCheckpoint:
+                return
+            ent = idx[path.name] = rundir.index_entry(info.manifest, is_best=False, directory=path)
+        try:
+            old = CheckpointKind(ent.get("kind", "step"))
+        except ValueError:
+            old = CheckpointKind.STEP
+        if kind.rank > old.rank:
+            ent["kind"] = kind.value
+            self._write_index(idx)
+
+    def _rotate(self, placeholder: Optional[rotation.Entry] = None) -> None:
+        """Delete what the retention policy drops; a failure here is reported and ignored."""
+        try:
+            idx = rundir.read_index(self.rd)
+            found: dict[str, tuple[Path, rotation.Entry]] = {}
+            for step, path, _root in rundir.iter_checkpoint_dirs(self.search_dirs):
+                if path.name in found:
+                    continue
+                try:
+                    info = rundir.inspect_checkpoint(path)
+                except rundir.InvalidCheckpoint:
+                    continue  # not ours to judge: a damaged dir stays for inspection
+                kind = info.manifest.kind
+                try:
+                    kind = CheckpointKind(idx.get(path.name, {}).get("kind", kind.value))
+                except ValueError:
+                    pass
+                found[path.name] = (path, rotation.Entry(path.name, step, kind, info.manifest.loss,
+                                                         info.manifest.exact))
+            entries = [e for _, e in found.values()]
+            protected = set()
+            if placeholder is not None:
+                entries.append(placeholder)
+                protected.add(placeholder.name)
+            for d in self.search_dirs:
+                try:
+                    protected.add(os.path.basename(os.readlink(d / rundir.LATEST)))
+                except OSError:
+                    pass
+            if self._resumed_step is not None and (self._committed_step is None
+                                                   or self._committed_step <= self._resumed_step):
+                protected.add(rundir.checkpoint_name(self._resumed_step))
+            doomed = rotation.to_delete(entries, keep_last=self.keep_last, keep_epochs=self.keep_epochs,
+                                        keep_best=self.keep_best, protected=protected)
+            for name in doomed:
+                if name not in found:
+                    continue
+                path = found[name][0]
+                # Rename first: a half-deleted dir must never look like a committed checkpoint.
+                trash = path.parent / f"{rundir.TMP_PREFIX}deleting-{name}"
+                os.rename(path, trash)
+                shutil.rmtree(trash, ignore_errors=True)
+                idx.pop(name, None)
+            if doomed:
+                for n in [n for n, e in idx.items() if not Path(e.get("dir", "")).is_dir()]:
+                    idx.pop(n)
+                self._write_index(idx)
+        except OSError as e:
+            _say(f"warning: checkpoint rotation failed: {e}")
+
+    # --- stopping and crashing ----------------------------------------------------------------
+
+    def _preempt(self) -> None:
+        self._save(CheckpointKind.PREEMPT)
+        self._hb.stop()
+        self._hb.write_now(phase=Phase.STOPPING.value, step=self.global_step, epoch=self.epoch,
+                           loss=self.loss, checkpoint_step=self.checkpoint_step)
+        _say(f"stop requested (signal {self._stop.signum}); checkpoint at step {self.global_step}; "
+             f"exiting {rundir.EXIT_PREEMPTED}")
+        sys.exit(rundir.EXIT_PREEMPTED)
+
+    def _on_exception(self, tp: type, value: BaseException, tb: Optional[TracebackType]) -> None:
+        rec = {"type": signals.qualified_name(tp), "message": str(value),
+               "traceback": "".join(traceback.format_exception(tp, value, tb)),
+               "step": self.global_step, "time": rundir.now_iso()}
+        try:
+            rundir.atomic_write_json(self.rd.error_file(self.attempt), rec)
+        except OSError as e:
+            _say(f"warning: cannot write {self.rd.error_file(self.attempt)}: {e}")
+        if self._finished:
+            return
+        if self.optimizer is None:
+            _say("no emergency checkpoint: without an optimizer the shim cannot tell whether the weights match the step")
+        elif self._dirty:
+            _say(f"no emergency checkpoint: optimizer.step() ran after run.step() {self.global_step}, "
+                 "so the weights match no step")
+        elif self._existing(self.global_step) is not None:
+            _say(f"no emergency checkpoint: step {self.global_step} already has one")
+        else:
+            path = self._save(CheckpointKind.EMERGENCY, exact=False)
+            if path is not None:
+                _say(f"emergency checkpoint (inexact, not auto-resumed) at {path}")
+
+    # --- restoring ----------------------------------------------------------------------------
+
+    def _reject(self, path: Path, reason: str) -> None:
+        _say(f"warning: rejected checkpoint {path}: {reason}")
+        self._event("checkpoint_rejected", path=str(path), reason=reason)
+
+    def _restore(self) -> None:
+        """Load the requested or newest valid checkpoint, falling back to older ones on rejection."""
+        requested = os.environ.get(rundir.ENV_RESUME_FROM)
+        if requested == rundir.RESUME_NONE:
+            _say(f"starting fresh in {self.rd.root} (supervisor: no valid checkpoint)")
+            return
+        below: Optional[int] = None
+        if requested:
+            path = Path(requested)
+            try:
+                self._apply(path)
+                return
+            except CheckpointError as e:
+                self._reject(path, str(e))
+                below = rundir.parse_checkpoint_name(path.name)
+        while True:
+            info = rundir.newest_valid(self.search_dirs, allow_inexact=self.resume_emergency,
+                                       below_step=below, on_reject=self._reject)
+            if info is None:
+                _say(f"starting fresh in {self.rd.root}")
+                return
+            try:
+                self._apply(info.path)
+                return
+            except CheckpointError as e:
+                self._reject(info.path, str(e))
+                below = info.step
+
+    def _apply(self, path: Path) -> None:
+        info, files = ckpt.read_checkpoint(path)
+        m = info.manifest
+        tr = files.get(ckpt.TRAINER_FILE)
+        if not isinstance(tr, dict) or "rng" not in tr:
+            raise CheckpointError(f"{ckpt.TRAINER_FILE} lacks trainer state")
+        if self.model is not None:
+            if ckpt.MODEL_FILE not in files:
+                raise CheckpointError(f"{ckpt.MODEL_FILE} missing")
+            self.model.load_state_dict(files[ckpt.MODEL_FILE])
+        if self.optimizer is not None and ckpt.OPTIMIZER_FILE in files:
+            self.optimizer.load_state_dict(files[ckpt.OPTIMIZER_FILE])
+        if self.scheduler is not None and tr.get("scheduler") is not None:
+            self.scheduler.load_state_dict(tr["scheduler"])
+        if self.scaler is not None and tr.get("scaler") is not None:
+            self.scaler.load_state_dict(tr["scaler"])
+        for k, obj in self.extra.items():
+            if obj is not None and k in (tr.get("extra") or {}):
+                obj.load_state_dict(tr["extra"][k])
+        self.state.clear()
+        self.state.update(tr.get("state") or {})
+        self.global_step, self.epoch, self.batch_in_epoch = m.global_step, m.epoch, m.batch_in_epoch
+        self.loss = tr.get("loss", m.loss)
+        rng.restore(tr["rng"])
+        if m.batch_in_epoch > 0:
+            self._resume_stream = {"epoch": m.epoch, "batch_in_epoch": m.batch_in_epoch,
+                                   "epoch_rng": tr.get("epoch_rng"), "step_rng": tr["rng"],
+                                   "loader_state": tr.get("loader_state")}
+        self.resumed_from = str(info.path)
+        self._resumed_step = self.checkpoint_step = m.global_step
+        self._last_size = sum(f.size for f in m.files.values())
+        _say(f"resumed from {info.path} (step {m.global_step}, epoch {m.epoch}, batch {m.batch_in_epoch})"
+             + ("" if m.exact else " [inexact emergency checkpoint]"))
+        if m.git_commit and self.git_commit and m.git_commit != self.git_commit:
+            _say(f"warning: checkpoint was written at git commit {m.git_commit[:12]}, "
+                 f"the script is now at {self.git_commit[:12]}")
+
+
+def init(**kwargs: Any) -> Run:
+    """Create the Run: first heartbeat, then restore the requested or newest valid checkpoint."""
+    return Run(**kwargs)
+
+
+@dataclasses.dataclass
+class LoadResult:
+    """What `load()` found: the checkpoint, its manifest, and the model state dict."""
+
+    path: Path
+    manifest: rundir.Manifest
+    model_state: dict
+    missing_keys: list[str]
+    unexpected_keys: list[str]
+
+
+def load(path_or_run_dir: os.PathLike | str, model: Any = None, *, optimizer: Any = None,
+         map_location: Any = "cpu", strict: bool = True) -> LoadResult:
+    """Verify and safely load a checkpoint (a checkpoint dir, a checkpoints dir or a run dir) into `model`."""
+    p = Path(path_or_run_dir)
+    if not (p / rundir.MANIFEST_NAME).exists():
+        roots = [p / rundir.CHECKPOINTS] if (p / rundir.CHECKPOINTS).is_dir() else [p]
+        info = rundir.newest_valid(roots)
+        if info is None:
+            raise CheckpointError(f"no valid checkpoint under {p}")
+        p = info.path
+    info, files = ckpt.read_checkpoint(p, model_only=optimizer is None)
+    sd = files[ckpt.MODEL_FILE]
+    if map_location not in (None, "cpu", torch.device("cpu")):
+        sd = {k: v.to(map_location) if isinstance(v, torch.Tensor) else v for k, v in sd.items()}
+    missing: list[str] = []
+    unexpected: list[str] = []
+    if model is not None:
+        res = model.load_state_dict(sd, strict=strict)
+        missing, unexpected = list(res.missing_keys), list(res.unexpected_keys)
+    if optimizer is not None and ckpt.OPTIMIZER_FILE in files:
+        optimizer.load_state_dict(files[ckpt.OPTIMIZER_FILE])
+    return LoadResult(info.path, info.manifest, sd, missing, unexpected)

@@ -1,0 +1,73 @@
+"""Process-level hooks: SIGTERM/SIGINT stop flag, SIGUSR1 stack dumps, and the uncaught-exception hook."""
+
+from __future__ import annotations
+
+import faulthandler
+import signal
+import sys
+import threading
+import traceback
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Callable, Optional, TextIO
+
+
+class StopFlag:
+    """Set by SIGTERM/SIGINT; the training loop acts on it at the next run.step()."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.signum: Optional[int] = None
+        self._previous: dict[int, Any] = {}
+
+    def install(self) -> bool:
+        if threading.current_thread() is not threading.main_thread():
+            return False
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return True
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.requested and signum == signal.SIGINT:
+            # A second Ctrl-C means "now": do not wait for the next step.
+            raise KeyboardInterrupt
+        self.requested = True
+        self.signum = signum
+
+
+_stack_file: Optional[TextIO] = None  # kept open for the process lifetime: faulthandler writes to its fd
+
+
+def install_stack_dumps(path: Path) -> bool:
+    """SIGUSR1 dumps every thread's Python stack into `path` (appending) without stopping."""
+    global _stack_file
+    if not hasattr(signal, "SIGUSR1"):
+        return False
+    try:
+        if _stack_file is not None:
+            _stack_file.close()
+        _stack_file = open(path, "a", buffering=1)
+        faulthandler.register(signal.SIGUSR1, file=_stack_file, all_threads=True, chain=False)
+        return True
+    except (OSError, RuntimeError, ValueError):
+        return False
+
+
+def qualified_name(tp: type) -> str:
+    mod = tp.__module__
+    return tp.__qualname__ if mod in ("builtins", "__main__", None) else f"{mod}.{tp.__qualname__}"
+
+
+def install_excepthook(on_exception: Callable[[type, BaseException, Optional[TracebackType]], None]) -> None:
+    """Chain sys.excepthook so `on_exception` runs first; its own failures never hide the original error."""
+    previous = sys.excepthook
+
+    def hook(tp: type, value: BaseException, tb: Optional[TracebackType]) -> None:
+        try:
+            on_exception(tp, value, tb)
+        except BaseException:  # noqa: BLE001 - reporting must not replace the real traceback
+            print("trainer_shim: error while recording the crash:", file=sys.stderr)
+            traceback.print_exc()
+        previous(tp, value, tb)
+
+    sys.excepthook = hook
