@@ -150,6 +150,7 @@ class Supervisor:
             old_wakeup = signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
                 old_handlers[sig] = signal.signal(sig, self._queue_signal)
+            procs.protect_from_oom()
             self._recover_history()
             self._kill_leftover_trainer()
             if self.config.memory_limit:

@@ -168,7 +168,6 @@ class MemoryCgroup:
 
 
 _KMSG_KILLED = re.compile(r"Killed process (\d+) \(([^)]*)\)")
-_KMSG_OOMKILL = re.compile(r"oom-kill:.*?,task=([^,]*),pid=(\d+)")
 
 
 class KernelLog:
@@ -205,11 +204,10 @@ class KernelLog:
                     continue
                 break
             msg = rec.partition(";")[2].strip()
-            for m in list(_KMSG_KILLED.finditer(msg)) + list(_KMSG_OOMKILL.finditer(msg)):
-                pid = int(m.group(1) if m.re is _KMSG_KILLED else m.group(2))
-                if pid in wanted:
-                    found.append(msg.splitlines()[0][:240])
-                    break
+            m = _KMSG_KILLED.search(msg)
+            if m and int(m.group(1)) in wanted:
+                rss = re.search(r"anon-rss:\d+\w+", msg)
+                found.append(f"kernel log: Killed process {m.group(1)} ({m.group(2)})" + (f" {rss.group(0)}" if rss else ""))
         return found
 
     def close(self) -> None:

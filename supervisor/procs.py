@@ -147,8 +147,30 @@ class Child:
                 pass
 
 
+def _read_oom_score_adj() -> Optional[bytes]:
+    try:
+        with open("/proc/self/oom_score_adj", "rb") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+# The child gets the oom_score_adj we started with, not the lowered one `protect_from_oom` set.
+_CHILD_OOM_SCORE_ADJ = _read_oom_score_adj()
+
+
+def protect_from_oom(adj: int = -500) -> None:
+    """Make the OOM killer prefer the trainer over us (needs CAP_SYS_RESOURCE; best effort)."""
+    try:
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write(str(adj))
+    except OSError:
+        pass
+
+
 def _preexec(cgroup_procs: Optional[str]) -> Callable[[], None]:
     parent = os.getpid()
+    adj = _CHILD_OOM_SCORE_ADJ
 
     def run() -> None:
         # In the forked child, before exec: die with the supervisor (a SIGKILLed supervisor must
@@ -158,6 +180,13 @@ def _preexec(cgroup_procs: Optional[str]) -> Callable[[], None]:
             _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if os.getppid() != parent:
             os._exit(111)  # the supervisor died between fork and prctl
+        if adj is not None:
+            try:
+                fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY)
+                os.write(fd, adj)
+                os.close(fd)
+            except OSError:
+                pass
         if cgroup_procs:
             fd = os.open(cgroup_procs, os.O_WRONLY)
             try:

@@ -2,7 +2,7 @@
 
 FAKE_PLAN="ATTEMPT:ACTION,..." picks what attempt N does after FAKE_STEPS steps of
 FAKE_STEP_S seconds: ok (exit 0), exitN, kill (SIGKILL self), hang (stop beating, sleep),
-silent (never beat at all), oomerr (write a CUDA OOM error file, exit 1), sigterm-aware
+silent (never beat at all), alloc (allocate until OOM-killed), oomerr (write a CUDA OOM error file, exit 1), sigterm-aware
 stopping is built in (SIGTERM -> heartbeat phase stopping, exit 75). Unlisted attempts run ok.
 """
 
@@ -24,6 +24,7 @@ steps = int(os.environ.get("FAKE_STEPS", "5"))
 step_s = float(os.environ.get("FAKE_STEP_S", "0.1"))
 stop = []
 signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
+signal.signal(signal.SIGUSR1, lambda *a: None)  # the shim dumps stacks here; we only survive it
 seq = 0
 
 
@@ -52,6 +53,12 @@ if action == "kill":
 if action == "hang":
     while True:
         time.sleep(3600)
+if action == "alloc":
+    hog = []
+    while True:  # until the kernel's OOM killer ends us
+        hog.append(bytearray(32 << 20))
+        for i in range(0, len(hog[-1]), 4096):
+            hog[-1][i] = 1
 if action == "oomerr":
     rd.error_file(attempt).write_text(json.dumps({"type": "torch.OutOfMemoryError", "message": "CUDA out of memory. Tried to allocate 2.00 GiB", "traceback": "", "step": steps}))
     sys.exit(1)
