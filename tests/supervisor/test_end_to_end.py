@@ -1,0 +1,67 @@
+"""A real torch job under the real supervisor: every kind of death in one run, weights bit-exact."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+
+import torch
+
+from tests.conftest import JOBS, PYTHON
+
+from .helpers import alive, attempt_pids, ended_kinds, events, heartbeat, kill_group, run_cli, start_cli, sup_env, wait_until
+
+TOY = str(JOBS / "toy_train.py")
+
+
+def _reference(tmp_path, *args: str) -> dict:
+    out = tmp_path / "reference.pt"
+    subprocess.run([PYTHON, TOY, "--run-dir", str(tmp_path / "ref"), "--out", str(out), *args],
+                   env=sup_env(), check=True, capture_output=True, timeout=120)
+    return torch.load(out)
+
+
+def _assert_equal(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def test_kill_raise_exit_hang_cuda_oom_then_success_bit_exact(tmp_path, run_dir):
+    ref = _reference(tmp_path)
+    out = tmp_path / "weights.pt"
+    faults = "1:kill@7,2:raise@14,3:exit3@20,4:hang@27,5:cuda_oom@31"
+    r = run_cli("--run-dir", str(run_dir), "--backoff", "0", "--heartbeat-timeout", "2", "--grace-period", "2",
+                TOY, "--out", str(out), env=sup_env(TOY_FAULTS=faults), timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert ended_kinds(run_dir) == ["signal", "crash", "crash", "hang", "cuda_oom", "success"]
+    _assert_equal(torch.load(out), ref)
+    # Every attempt resumed from a checkpoint the supervisor chose (none fresh after the first).
+    starts = events(run_dir, "attempt_started")
+    assert starts[0]["resume_from"] is None and all(s["resume_from"] for s in starts[1:])
+    # The hang left a stack dump naming the blocked frame.
+    hang_pid = starts[3]["pid"]
+    assert "inject" in (run_dir / "logs" / f"stacks-{hang_pid}.txt").read_text()
+    for pid in attempt_pids(run_dir):
+        assert not alive(pid)
+
+
+def test_sigterm_to_supervisor_loses_no_step_and_rerun_is_bit_exact(tmp_path, run_dir):
+    ref = _reference(tmp_path, "--epochs", "4")
+    out = tmp_path / "weights.pt"
+    args = ("--run-dir", str(run_dir), TOY, "--epochs", "4", "--step-sleep", "0.05", "--out", str(out))
+    p = start_cli(*args)
+    try:
+        wait_until(lambda: (heartbeat(run_dir) or {}).get("step", 0) >= 9, timeout=60, what="step 9")
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(60) == 75
+    finally:
+        kill_group(p)
+    assert ended_kinds(run_dir) == ["preempted"]
+    hb = heartbeat(run_dir)
+    assert hb["phase"] == "stopping"
+    newest = max(int(d.name.split("-")[1]) for d in (run_dir / "checkpoints").glob("step-*"))
+    assert newest == hb["step"]  # zero lost steps
+    r = run_cli(*args, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    _assert_equal(torch.load(out), ref)
