@@ -184,7 +184,8 @@ def write_checkpoint(
         rundir.fsync_dir(tmp)
         os.rename(tmp, final)
         rundir.fsync_dir(rd_ckpts)
-        rundir.repoint_latest(rd_ckpts, name)
+        if snap.exact:  # `latest` names something resumable; an emergency save is not
+            rundir.repoint_latest(rd_ckpts, name)
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(e, OSError):

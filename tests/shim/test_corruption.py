@@ -1,0 +1,86 @@
+"""Damaged or hostile checkpoints are refused with one line each and an older valid one is used."""
+
+from __future__ import annotations
+
+import os
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+
+import trainer_shim
+from trainer_shim import CheckpointError, rundir
+
+from .helpers import assert_same_weights, events, rewrite_manifest, run_toy, shim_lines
+
+
+class _Evil:
+    """Unpickling this would run a shell command that creates a marker file."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _plant_evil(ckpt: Path, marker: Path) -> None:
+    with open(ckpt / "model.pt", "wb") as f:
+        pickle.dump({"weight": _Evil(marker)}, f)  # a legacy (non-zip) pickle...
+    torch.save({"weight": _Evil(marker)}, ckpt / "optimizer.pt")  # ...and a zip one
+    rewrite_manifest(ckpt)  # sizes and digests now match: only weights_only stands in the way
+
+
+def test_corrupt_truncated_and_malicious_are_skipped(run_dir: Path, refs, tmp_path: Path) -> None:
+    ref = refs.get()
+    p = run_toy(run_dir, attempt=1, faults="1:kill@17")
+    assert p.returncode == -9
+    ck = run_dir / "checkpoints"
+    assert {"step-00000010", "step-00000012", "step-00000015"} <= {x.name for x in ck.iterdir()}
+    # newest: one flipped byte, same size (only the digest can tell)
+    with open(ck / "step-00000015" / "model.pt", "r+b") as f:
+        f.seek(100)
+        b = f.read(1)
+        f.seek(100)
+        f.write(bytes([b[0] ^ 0xFF]))
+    # next: truncated
+    with open(ck / "step-00000012" / "trainer.pt", "r+b") as f:
+        f.truncate(50)
+    marker = tmp_path / "pwned"
+    _plant_evil(ck / "step-00000010", marker)
+
+    p = run_toy(run_dir, attempt=2)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert not marker.exists(), "a pickle from disk was executed"
+    rej = shim_lines(p, "rejected checkpoint")
+    assert len(rej) == 3, p.stderr
+    assert "step-00000015" in rej[0] and "model.pt digest mismatch" in rej[0]
+    assert "step-00000012" in rej[1] and "trainer.pt" in rej[1] and "truncated" in rej[1]
+    assert "step-00000010" in rej[2] and "weights_only" in rej[2]
+    assert len(shim_lines(p, "resumed from")) == 1 and "step-00000005 (step 5" in p.stderr
+    ev = events(run_dir, "checkpoint_rejected")
+    assert [Path(e["path"]).name for e in ev] == ["step-00000015", "step-00000012", "step-00000010"]
+    assert all(e["reason"] for e in ev)
+    assert_same_weights(ref / "final_weights.pt", run_dir / "final_weights.pt")
+
+
+def test_load_refuses_malicious_and_loads_good(refs, tmp_path: Path) -> None:
+    ref = refs.get()
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Dropout(0.2),
+                                torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+    res = trainer_shim.load(ref, model=model)  # a run dir: newest valid checkpoint
+    # the final save found step 36 committed by the epoch end: manifest stays, the index upgrades
+    assert res.manifest.global_step == 36 and res.manifest.kind == rundir.CheckpointKind.EPOCH
+    assert rundir.read_index(rundir.RunDir(ref))["step-00000036"]["kind"] == "final"
+    final = torch.load(ref / "final_weights.pt", weights_only=True)
+    assert all(torch.equal(final[k], v) for k, v in model.state_dict().items())
+
+    import shutil
+    bad = tmp_path / "step-00000036"
+    shutil.copytree(res.path, bad)
+    marker = tmp_path / "pwned"
+    _plant_evil(bad, marker)
+    with pytest.raises(CheckpointError, match="weights_only"):
+        trainer_shim.load(bad, model=model)
+    assert not marker.exists()

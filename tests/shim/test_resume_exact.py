@@ -1,0 +1,70 @@
+"""SIGKILL at many moments (including mid-save) and resume: weights equal an uninterrupted run."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from trainer_shim import rundir
+
+from .helpers import assert_same_weights, chain, run_toy, shim_lines, start_toy
+
+
+@pytest.mark.parametrize("num_workers,epochs,kills", [
+    # before any save, right after a step save, on an epoch boundary, twice in one epoch, last epoch
+    ("0", "3", [3, 10, 12, 17, 19, 24, 31]),
+    # odd and even resume points: batches land on different workers than before
+    ("2", "2", [5, 13, 19]),
+])
+def test_sigkill_anywhere_resumes_bit_exact(run_dir: Path, refs, num_workers: str, epochs: str,
+                                            kills: list[int]) -> None:
+    ref = refs.get("--num-workers", num_workers, "--epochs", epochs)
+    procs = chain(run_dir, kills, "--num-workers", num_workers, "--epochs", epochs)
+    assert f"finished step {12 * int(epochs)}" in procs[-1].stdout
+    for killed_at, p in zip(kills, procs[1:]):
+        # exactly one line says where it resumed from (or that it starts fresh: no save before step 5)
+        assert len(shim_lines(p, "resumed from" if killed_at >= 5 else "starting fresh")) == 1, p.stderr
+    if num_workers != "0":
+        assert any(shim_lines(p, "num_workers=2") for p in procs[1:])
+    assert_same_weights(ref / "final_weights.pt", run_dir / "final_weights.pt")
+
+
+def _wait_in_save(run_dir: Path, proc, timeout: float = 60.0) -> bool:
+    """Poll until a checkpoint write is in flight (tmp dir or `saving` heartbeat)."""
+    ckpts = rundir.RunDir(run_dir).checkpoints
+    hb = rundir.RunDir(run_dir).heartbeat(0)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        if any(rundir.tmp_dirs(ckpts)):
+            return True
+        h = rundir.read_heartbeat(hb)
+        if h and h.get("phase") == "saving":
+            return True
+        time.sleep(0.001)
+    return False
+
+
+def test_sigkill_during_save_resumes_bit_exact(run_dir: Path, refs) -> None:
+    args = ("--hidden", "1200", "--epochs", "1", "--samples", "80", "--save-every", "3")
+    ref = refs.get(*args)
+    hit = 0
+    for attempt in (1, 2):
+        proc = start_toy(run_dir, *args, attempt=attempt)
+        if attempt == 2:  # let the resumed attempt commit one checkpoint, then catch the next save
+            rundir.wait_for(lambda: proc.poll() is not None or any(rundir.tmp_dirs(run_dir / "checkpoints")), 60, 0.001)
+            rundir.wait_for(lambda: proc.poll() is not None or not any(rundir.tmp_dirs(run_dir / "checkpoints")), 60, 0.001)
+        in_save = _wait_in_save(run_dir, proc)
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate()
+        if in_save:
+            hit += 1
+        for info in rundir.iter_checkpoint_dirs([run_dir / "checkpoints"]):
+            rundir.inspect_checkpoint(info[1], full=True)  # every committed dir is whole
+    assert hit >= 1, "never caught the job inside a save"
+    p = run_toy(run_dir, *args, attempt=3)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert_same_weights(ref / "final_weights.pt", run_dir / "final_weights.pt")
+    assert not list(rundir.tmp_dirs(run_dir / "checkpoints")), "leftover tmp dirs were not cleaned"

@@ -1,0 +1,107 @@
+"""SIGTERM preempts with zero lost steps, SIGUSR1 dumps stacks, crashes leave an error file and an
+emergency checkpoint that is never auto-resumed, and heartbeats go stale exactly when they should."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+
+from trainer_shim import rundir
+from trainer_shim.heartbeat import Heartbeat
+
+from .helpers import assert_same_weights, manifest, run_toy, shim_lines, start_toy
+
+
+def test_sigterm_loses_no_step_and_exits_75_sigusr1_dumps(run_dir: Path, refs) -> None:
+    ref = refs.get()
+    rd = rundir.RunDir(run_dir)
+    proc = start_toy(run_dir, "--step-sleep", "0.05")
+    phases: list[str] = []
+
+    def beat_at(step: int):
+        hb = rundir.read_heartbeat(rd.heartbeat(0))
+        if hb and (not phases or phases[-1] != hb["phase"]):
+            phases.append(hb["phase"])
+        return hb if hb and hb["step"] >= step else None
+
+    assert rundir.wait_for(lambda: beat_at(6), 60, 0.005), proc.stderr and proc.stderr.read()
+    proc.send_signal(signal.SIGUSR1)
+    stacks = rd.stacks_file(proc.pid)
+    assert rundir.wait_for(lambda: stacks.exists() and "most recent call first" in stacks.read_text(), 20)
+    assert "heartbeat" in stacks.read_text() or "Thread" in stacks.read_text()
+    assert rundir.wait_for(lambda: beat_at(9), 60, 0.005), "training stopped after SIGUSR1"
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == rundir.EXIT_PREEMPTED, err
+    hb = rundir.read_heartbeat(rd.heartbeat(0))
+    assert hb["phase"] == "stopping"
+    newest = rundir.newest_valid([rd.checkpoints], full=True)
+    assert newest is not None and newest.step == hb["step"] == hb["checkpoint_step"]
+    assert newest.manifest.kind.value in ("preempt", "step")
+    assert "training" in phases and phases[-1] in ("training", "saving", "stopping")
+
+    p = run_toy(run_dir, attempt=2)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert f"(step {newest.step}," in p.stderr
+    assert rundir.read_heartbeat(rd.heartbeat(0))["phase"] == "finished"
+    assert_same_weights(ref / "final_weights.pt", run_dir / "final_weights.pt")
+
+
+def test_crash_writes_error_and_inexact_emergency_never_auto_resumed(run_dir: Path, refs) -> None:
+    ref = refs.get()
+    rd = rundir.RunDir(run_dir)
+    p = run_toy(run_dir, faults="1:raise@13,2:cuda_oom@18")
+    assert p.returncode == 1
+    err = json.loads(rd.error_file(1).read_text())
+    assert err["type"] == "RuntimeError" and err["message"] == "injected crash" and err["step"] == 13
+    assert "injected crash" in err["traceback"] and err["time"]
+    em = rd.checkpoint(13)
+    m = manifest(em)
+    assert m["exact"] is False and m["kind"] == "emergency" and m["global_step"] == 13
+    rundir.inspect_checkpoint(em, full=True)  # consistent: complete and digests match
+    assert (rd.latest).resolve().name != em.name
+    assert all(manifest(rd.checkpoint(s))["exact"] for s in (5, 10, 12))
+
+    p = run_toy(run_dir, attempt=2, faults="1:raise@13,2:cuda_oom@18")
+    assert p.returncode == 1
+    assert "(step 12, epoch 1, batch 0)" in p.stderr, p.stderr  # the emergency at 13 was passed over
+    assert json.loads(rd.error_file(2).read_text())["type"] == "torch.OutOfMemoryError"
+    assert manifest(rd.checkpoint(18))["exact"] is False
+
+    p = run_toy(run_dir, attempt=3, faults="1:raise@13,2:cuda_oom@18")
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "(step 15, epoch 1, batch 3)" in p.stderr
+    assert_same_weights(ref / "final_weights.pt", run_dir / "final_weights.pt")
+
+
+def test_heartbeat_goes_stale_unless_asked_or_save_progresses(tmp_path: Path) -> None:
+    path = tmp_path / "rank-0.json"
+    hb = Heartbeat(path, rank=0, attempt=1, interval=0.05)
+    hb.write_now()
+    first = rundir.read_heartbeat(path)
+    assert first["phase"] == "starting" and first["seq"] == 1
+    assert set(rundir.HEARTBEAT_FIELDS) <= set(first)
+    hb.start()
+    try:
+        time.sleep(0.3)
+        assert rundir.read_heartbeat(path)["seq"] == 1, "the thread beat on its own: a hung loop would look alive"
+        hb.fields["phase"] = "training"
+        hb.request()
+        assert rundir.wait_for(lambda: rundir.read_heartbeat(path)["seq"] == 2, 5)
+        hb.begin_save()
+        seq = rundir.read_heartbeat(path)["seq"]
+        assert rundir.read_heartbeat(path)["phase"] == "saving"
+        time.sleep(0.3)
+        assert rundir.read_heartbeat(path)["seq"] == seq, "a stuck save must go stale"
+        for n in range(1, 6):
+            hb.save_bytes = n << 20
+            time.sleep(0.08)
+        got = rundir.read_heartbeat(path)
+        assert got["seq"] >= seq + 3 and got["save_bytes"] > 0, got
+        hb.end_save(checkpoint_step=7)
+        got = rundir.read_heartbeat(path)
+        assert got["phase"] == "training" and got["checkpoint_step"] == 7
+    finally:
+        hb.stop()
