@@ -103,6 +103,10 @@ class HeartbeatMonitor:
         return min(t.changed_at + allowance(t.record.get("phase"), self.config) for t in self.tracks.values())
 
 
+# A finished write: the shim renames into place; other writers close after writing.
+_WRITE_EVENTS = frozenset({"created", "moved", "closed"})
+
+
 class HeartbeatEvents:
     """Wakes the supervisor loop on heartbeat file events; the loop's timer covers NFS, where inotify is blind."""
 
@@ -116,11 +120,20 @@ class HeartbeatEvents:
 
         class _Handler(FileSystemEventHandler):
             def on_any_event(self, event: Any) -> None:
-                wake()
+                # Only writes count: watchdog also reports opens and read-only closes, and our
+                # own reads of the heartbeat would then wake us in a busy loop.
+                if event.event_type in _WRITE_EVENTS:
+                    wake()
 
         try:
             self._observer = Observer()
-            self._observer.schedule(_Handler(), str(directory), recursive=False)
+            try:
+                from watchdog.events import FileClosedEvent, FileCreatedEvent, FileMovedEvent
+
+                self._observer.schedule(_Handler(), str(directory), recursive=False, event_filter=[
+                    FileCreatedEvent, FileMovedEvent, FileClosedEvent])
+            except (ImportError, TypeError):  # watchdog < 4 has no event_filter
+                self._observer.schedule(_Handler(), str(directory), recursive=False)
             self._observer.daemon = True
             self._observer.start()
         except OSError:

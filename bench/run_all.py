@@ -1,0 +1,14 @@
+"""`make bench`: every benchmark, each printing its table of ratios measured side by side."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+for name in ("bench_shim.py", "bench_supervisor.py"):
+    path = HERE / name
+    if path.exists():
+        print(f"\n== {name}")
+        sys.stdout.flush()
+        subprocess.run([sys.executable, str(path)], check=True)
