@@ -12,6 +12,7 @@ import os
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -98,27 +99,33 @@ def _child_of(pid: int) -> Optional[int]:
     return int(kids[0]) if kids else None
 
 
+def _booted_pid(unshare_pid: int) -> Optional[int]:
+    """unshare's child once `sh` has exec'd systemd in place, else None."""
+    kid = _child_of(unshare_pid)
+    try:
+        return kid if kid and os.readlink(f"/proc/{kid}/exe") == str(SYSTEMD.resolve()) else None
+    except OSError:
+        return None
+
+
 @pytest.fixture(scope="module")
 def ns() -> Iterator[Namespace]:
+    # A file, not a pipe: nobody reads systemd's console output while it runs, and a full pipe
+    # would block PID 1.
+    console = tempfile.TemporaryFile()
     p = subprocess.Popen(
         ["unshare", "--pid", "--fork", "--mount", "--propagation", "private", "--mount-proc", "--net",
          "sh", "-c", BOOT],
         env={**os.environ, "container": "x"}, stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+        stdout=console, stderr=subprocess.STDOUT, start_new_session=True,
     )
-    pid = None
+    pid: Optional[int] = None
     try:
-        # unshare's child is `sh`, which execs systemd in place: wait for the exec to happen.
-        def booted_pid() -> Optional[int]:
-            kid = _child_of(p.pid)
-            try:
-                return kid if kid and os.readlink(f"/proc/{kid}/exe").endswith("/systemd") else None
-            except OSError:
-                return None
-
-        pid = wait_for(lambda: booted_pid() or p.poll() is not None, 20)
-        if p.poll() is not None or not isinstance(pid, int) or pid is True:
-            pytest.skip(f"cannot boot systemd in a namespace: {p.stderr.read().decode()[-500:] if p.stderr else ''}")
+        wait_for(lambda: _booted_pid(p.pid) is not None or p.poll() is not None, 20)
+        pid = _booted_pid(p.pid)
+        if pid is None:
+            console.seek(0)
+            pytest.skip(f"cannot boot systemd in a namespace: {console.read().decode(errors='replace')[-500:]}")
         n = Namespace(p, pid)
 
         def up() -> bool:
@@ -128,10 +135,11 @@ def ns() -> Iterator[Namespace]:
         assert wait_for(up, 60, 0.2), n.systemctl("list-jobs", check=False).stdout
         yield n
     finally:
-        if pid:
+        if pid is not None:
             os.kill(pid, signal.SIGKILL)  # PID 1 of the namespace: every process in it dies too
         p.kill()
         p.wait(10)
+        console.close()
 
 
 @pytest.fixture(scope="module")
