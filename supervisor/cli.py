@@ -14,7 +14,7 @@ from typing import List, Optional
 import typer
 
 from . import procs
-from .config import Config, build_config, load_config_file
+from .config import DEFAULTS, Config, build_config, load_config_file
 from .errors import EXIT_GAVE_UP, EXIT_OK, EXIT_USAGE, ConfigError, RunDirError, SupervisorError
 from .status import list_checkpoints, lock_holder, open_run_dir, read_status
 
@@ -75,16 +75,16 @@ def _check_run_dir(path: Path, explicit: bool) -> None:
 @app.command(context_settings={"allow_interspersed_args": False})
 def run(
     job: Optional[List[str]] = typer.Argument(None, metavar="SCRIPT.py [ARGS]... | -- COMMAND [ARGS]...", show_default=False),
-    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Run directory [default: runs/<script stem>]."),
+    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Run directory (default runs/<script stem>)."),
     config: Optional[Path] = typer.Option(None, "--config", help="YAML job file (same names in snake_case; flags win)."),
-    max_restarts: Optional[int] = typer.Option(None, "--max-restarts", help="Restarts before giving up [default: 10]."),
-    backoff: Optional[float] = typer.Option(None, "--backoff", help="First restart delay in seconds, doubling up to 60; 0 restarts at once [default: 1]."),
-    heartbeat_timeout: Optional[float] = typer.Option(None, "--heartbeat-timeout", help="Seconds without a heartbeat change before a hang [default: 600]."),
-    startup_timeout: Optional[float] = typer.Option(None, "--startup-timeout", help="Seconds from spawn to first heartbeat [default: 900]."),
-    save_timeout: Optional[float] = typer.Option(None, "--save-timeout", help="Seconds a save may go without progress [default: 1800]."),
-    grace_period: Optional[float] = typer.Option(None, "--grace-period", help="Seconds from SIGTERM to SIGKILL [default: 30]."),
+    max_restarts: Optional[int] = typer.Option(None, "--max-restarts", help=f"Restarts before giving up (default {DEFAULTS.max_restarts})."),
+    backoff: Optional[float] = typer.Option(None, "--backoff", help=f"First restart delay in seconds, doubling up to {DEFAULTS.backoff_max:g}; 0 restarts at once (default {DEFAULTS.backoff:g})."),
+    heartbeat_timeout: Optional[float] = typer.Option(None, "--heartbeat-timeout", help=f"Seconds without a heartbeat change before a hang (default {DEFAULTS.heartbeat_timeout:g})."),
+    startup_timeout: Optional[float] = typer.Option(None, "--startup-timeout", help=f"Seconds from spawn to first heartbeat (default {DEFAULTS.startup_timeout:g})."),
+    save_timeout: Optional[float] = typer.Option(None, "--save-timeout", help=f"Seconds a save may go without progress (default {DEFAULTS.save_timeout:g})."),
+    grace_period: Optional[float] = typer.Option(None, "--grace-period", help=f"Seconds from SIGTERM to SIGKILL (default {DEFAULTS.grace_period:g})."),
     memory_limit: Optional[str] = typer.Option(None, "--memory-limit", help="Memory cgroup limit for the job, e.g. 8G."),
-    no_restart_exit_codes: Optional[str] = typer.Option(None, "--no-restart-exit-codes", help="Exit codes that are never retried [default: 2]."),
+    no_restart_exit_codes: Optional[str] = typer.Option(None, "--no-restart-exit-codes", help=f"Exit codes that are never retried (default {','.join(map(str, DEFAULTS.no_restart_exit_codes))})."),
     working_dir: Optional[Path] = typer.Option(None, "--working-dir", help="Working directory of the job."),
 ) -> None:
     """Run SCRIPT.py (under this Python) or `-- COMMAND` and keep it alive until it succeeds."""
@@ -229,7 +229,7 @@ def checkpoints(
 @app.command()
 def stop(
     run_dir: Path = typer.Argument(..., metavar="RUN_DIR"),
-    timeout: Optional[float] = typer.Option(None, "--timeout", help="Seconds to wait for the supervisor to exit [default: grace period + 30]."),
+    timeout: Optional[float] = typer.Option(None, "--timeout", help="Seconds to wait for the supervisor to exit (default: its grace period + 30)."),
     wait: bool = typer.Option(True, "--wait/--no-wait", help="Wait until the supervisor has exited."),
 ) -> None:
     """SIGTERM the run's supervisor: the trainer saves, the supervisor exits 75."""

@@ -87,9 +87,9 @@ class HeartbeatMonitor:
                 return Stale("startup_timeout", f"no heartbeat {waited:.1f}s after start (--startup-timeout {self.config.startup_timeout:g})")
             return None
         for rank, t in sorted(self.tracks.items()):
+            # `finished` is judged too: a process that never exits after finish() (a worker
+            # join that blocks) must not hold the job forever.
             phase = t.record.get("phase")
-            if phase == Phase.FINISHED.value:
-                continue
             limit = allowance(phase, self.config)
             age = now - t.changed_at
             if age > limit:
