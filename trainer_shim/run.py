@@ -200,7 +200,8 @@ class Run:
         self._stream_loader = loader
         resume = self._resume_stream
         self._resume_stream = None
-        if resume is not None and resume["epoch"] == self.epoch and resume["batch_in_epoch"] > 0:
+        if resume is not None and resume["epoch"] == self.epoch and (
+                resume["batch_in_epoch"] > 0 or (resume.get("loader_state") is not None and data.is_stateful(loader))):
             it = self._resumed_iter(loader, resume)
             self._yielded = resume["batch_in_epoch"]
         else:
@@ -281,10 +282,11 @@ class Run:
         k = resume["batch_in_epoch"]
         gen = data.loader_generator(loader)
         epoch_rng = resume.get("epoch_rng")
-        self._epoch_rng = epoch_rng
-        if epoch_rng is not None:
+        self._epoch_rng = epoch_rng if k > 0 else rng.capture(gen)
+        if epoch_rng is not None and k > 0:
             rng.restore(epoch_rng, gen)  # the iterator's own draws must see the epoch-start state
         if data.is_stateful(loader) and resume.get("loader_state") is not None:
+            # A stateful loader knows its own position (and its own shuffling state) at any k.
             loader.load_state_dict(resume["loader_state"])
             it = iter(loader)
         elif data.can_skip_by_index(loader):
@@ -298,7 +300,8 @@ class Run:
             skip.prime()  # single-process loaders draw the sampler seed lazily: do it now
         else:
             it = data.skip_plain(loader, k)
-        rng.restore(resume["step_rng"])
+        if k > 0:  # at k == 0 the iterator's draws are exactly what the interrupted run did next
+            rng.restore(resume["step_rng"])
         return it
 
     # --- saving -------------------------------------------------------------------------------
@@ -320,7 +323,7 @@ class Run:
             files[ckpt.MODEL_FILE] = ckpt.to_cpu(self.model.state_dict())
         if self.optimizer is not None:
             files[ckpt.OPTIMIZER_FILE] = ckpt.to_cpu(self.optimizer.state_dict())
-        stream = self._stream_loader if self._stream_epoch == self.epoch else None
+        stream = self._stream_loader  # kept across epochs: a stateful loader's state matters at epoch ends too
         trainer = {
             "format": rundir.FORMAT_VERSION,
             "global_step": self.global_step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
@@ -584,7 +587,7 @@ class Run:
         self.global_step, self.epoch, self.batch_in_epoch = m.global_step, m.epoch, m.batch_in_epoch
         self.loss = tr.get("loss", m.loss)
         rng.restore(tr["rng"])
-        if m.batch_in_epoch > 0:
+        if m.batch_in_epoch > 0 or tr.get("loader_state") is not None:
             self._resume_stream = {"epoch": m.epoch, "batch_in_epoch": m.batch_in_epoch,
                                    "epoch_rng": tr.get("epoch_rng"), "step_rng": tr["rng"],
                                    "loader_state": tr.get("loader_state")}
