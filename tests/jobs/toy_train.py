@@ -2,7 +2,17 @@
 
 Fault injection: TOY_FAULTS="ATTEMPT:ACTION@STEP,..." applies ACTION right after run.step()
 returns at global_step == STEP when $RESILIENT_ATTEMPT (default 1) == ATTEMPT (or ATTEMPT is *).
-ACTIONs: kill, raise, exitN, hang, deadlock, cuda_oom, alloc, sigterm.
+ACTIONs: kill, raise, exitN, hang, deadlock, cuda_oom, alloc, sigterm,
+worker_hang (the DataLoader's __getitem__ blocks forever from now on in this attempt, so the
+main process waits on its workers), stall_save (the next checkpoint's first large write blocks
+forever: a save that stops making progress).
+
+Other knobs (environment):
+  TOY_WRITE_MBPS=R       large writes (>= 1 MiB, i.e. checkpoint tensors) are throttled to R MB/s:
+                         a slow but progressing filesystem (NFS, a busy disk).
+  TOY_CRASH_IF_RESUMED_FROM_STEP=N
+                         raise right after resuming from the checkpoint of step N: a poisoned
+                         checkpoint that crashes every attempt resuming from it.
 """
 
 from __future__ import annotations
@@ -28,16 +38,48 @@ import trainer_shim  # noqa: E402
 class ToyDataset(Dataset):
     """Deterministic samples: item i depends only on i (so any worker may serve it)."""
 
-    def __init__(self, n: int, dim: int = 16) -> None:
+    def __init__(self, n: int, dim: int = 16, hang_flag: "Path | None" = None) -> None:
         g = torch.Generator().manual_seed(1234)
         self.x = torch.randn(n, dim, generator=g)
         self.y = (self.x.sum(dim=1, keepdim=True) > 0).float()
+        self.hang_flag = str(hang_flag) if hang_flag else None
 
     def __len__(self) -> int:
         return len(self.x)
 
     def __getitem__(self, i: int):
+        if self.hang_flag and os.path.exists(self.hang_flag):
+            _worker_blocked()
         return self.x[i], self.y[i]
+
+
+def _worker_blocked() -> None:
+    """worker_hang: a data worker stuck for good (dead NFS read, deadlocked decoder)."""
+    while True:
+        time.sleep(3600)
+
+
+_HANG_FLAG: "Path | None" = None   # set in main(): this attempt's worker_hang flag file
+_STALL_SAVE = threading.Event()    # stall_save: the next large write never returns
+_real_write = os.write
+_BIG_WRITE = 1 << 20
+
+
+def _stalled_write(fd: int, data) -> int:
+    """stall_save: the checkpoint write is stuck in the kernel (hard-mounted NFS gone away)."""
+    while True:
+        time.sleep(3600)
+
+
+def _throttled_write(fd: int, data) -> int:
+    n = len(memoryview(data).cast("B"))
+    if n >= _BIG_WRITE:
+        if _STALL_SAVE.is_set():
+            _stalled_write(fd, data)
+        rate = float(os.environ.get("TOY_WRITE_MBPS") or 0)
+        if rate > 0:
+            time.sleep(n / (rate * 1e6))
+    return _real_write(fd, data)
 
 
 def parse_faults(spec: str, attempt: int) -> dict[int, str]:
@@ -74,6 +116,11 @@ def inject(action: str) -> None:
             hog[-1][::4096] = b"x" * len(hog[-1][::4096])  # touch pages so RSS really grows
     elif action == "sigterm":
         os.kill(os.getpid(), signal.SIGTERM)
+    elif action == "worker_hang":
+        assert _HANG_FLAG is not None
+        _HANG_FLAG.touch()
+    elif action == "stall_save":
+        _STALL_SAVE.set()
     else:
         raise SystemExit(f"toy_train: unknown fault action {action!r}")
 
@@ -98,13 +145,20 @@ def main() -> None:
     np.random.seed(0)
     attempt = int(os.environ.get("RESILIENT_ATTEMPT", "1"))
     faults = parse_faults(os.environ.get("TOY_FAULTS", ""), attempt)
+    global _HANG_FLAG
+    if "worker_hang" in faults.values():
+        # Per attempt, next to the output (the run dir is created by init(), after the loader).
+        _HANG_FLAG = Path(args.out or ".").absolute().parent / f".toy-worker-hang-{os.getpid()}"
+        _HANG_FLAG.unlink(missing_ok=True)
+    if os.environ.get("TOY_WRITE_MBPS") or "stall_save" in faults.values():
+        os.write = _throttled_write
 
     model = nn.Sequential(nn.Linear(16, args.hidden), nn.ReLU(), nn.Dropout(0.2),
                           nn.Linear(args.hidden, args.hidden), nn.ReLU(), nn.Linear(args.hidden, 1))
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     per_step = torch.optim.lr_scheduler.MultiplicativeLR(opt, lr_lambda=lambda _: 0.999)
     per_epoch = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.9)
-    loader = DataLoader(ToyDataset(args.samples), batch_size=args.batch_size, shuffle=True,
+    loader = DataLoader(ToyDataset(args.samples, hang_flag=_HANG_FLAG), batch_size=args.batch_size, shuffle=True,
                         num_workers=args.num_workers)
     loss_fn = nn.BCEWithLogitsLoss()
 
@@ -112,6 +166,9 @@ def main() -> None:
                             run_dir=args.run_dir, save_every_steps=args.save_every, keep_last=args.keep_last,
                             fallback_dir=args.fallback_dir)
     run.state.setdefault("seen", 0)
+    poison = os.environ.get("TOY_CRASH_IF_RESUMED_FROM_STEP")
+    if poison and run.resumed_from and run.global_step == int(poison):
+        raise RuntimeError(f"toy_train: checkpoint of step {poison} is poisoned (crash right after resume)")
     for _epoch in run.epochs(args.epochs):
         model.train()
         for x, y in run.batches(loader):

@@ -1,0 +1,183 @@
+"""Shared pieces of the failure campaign: reference runs, bit-exact checks, survivor checks, a killer.
+
+Every trial runs the real CLI (tests/supervisor/helpers.py) on the real torch job
+(tests/jobs/toy_train.py) and judges only what a user would see: exit code, final weights,
+attempt_ended kinds, processes left behind, the checkpoint that was chosen.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Optional
+
+import psutil
+import pytest
+import torch
+
+from tests.conftest import JOBS, PYTHON
+from tests.supervisor.helpers import events, heartbeat, run_cli, supervisor_state, sup_env, wait_until
+from trainer_shim import rundir
+
+TOY = str(JOBS / "toy_train.py")
+LONG = os.environ.get("RESILIENT_LONG_FAULTS") == "1"
+long_only = pytest.mark.skipif(not LONG, reason="long fault variant: set RESILIENT_LONG_FAULTS=1 (make test-faults)")
+
+# Fast supervisor settings for the campaign: restart at once, short timeouts.
+FAST = ("--backoff", "0", "--heartbeat-timeout", "3", "--grace-period", "2")
+
+_REF_CACHE: dict[tuple[str, ...], dict[str, torch.Tensor]] = {}
+
+
+def reference(tmp_path: Path, *args: str) -> dict[str, torch.Tensor]:
+    """Final weights of an uninterrupted standalone run of toy_train.py with `args` (cached per args)."""
+    key = tuple(args)
+    if key not in _REF_CACHE:
+        d = Path(tmp_path) / f"reference-{len(_REF_CACHE)}"
+        d.mkdir(parents=True)
+        out = d / "weights.pt"
+        p = subprocess.run([PYTHON, TOY, *args, "--run-dir", str(d / "run"), "--out", str(out)],
+                           env=sup_env(), capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, p.stderr[-2000:]
+        _REF_CACHE[key] = torch.load(out, weights_only=True)
+    return _REF_CACHE[key]
+
+
+def assert_bit_exact(out: Path, ref: dict[str, torch.Tensor]) -> None:
+    got = torch.load(out, weights_only=True)
+    assert got.keys() == ref.keys()
+    diff = [k for k in got if not torch.equal(got[k], ref[k])]
+    assert not diff, f"weights differ from the uninterrupted run: {diff}"
+
+
+def job_processes(run_dir: Path, marker: Optional[str] = None) -> list[psutil.Process]:
+    """Live processes of this job: RESILIENT_RUN_DIR is our run dir, or the command line holds `marker`."""
+    want = str(Path(run_dir).resolve())
+    me = os.getpid()
+    found = []
+    for p in psutil.process_iter(["pid", "cmdline", "status"]):
+        if p.pid == me or p.info["status"] == psutil.STATUS_ZOMBIE:
+            continue
+        try:
+            cmd = " ".join(p.info["cmdline"] or [])
+            if marker and marker in cmd:
+                found.append(p)
+                continue
+            if p.environ().get(rundir.ENV_RUN_DIR) == want:
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def assert_no_survivors(run_dir: Path, marker: Optional[str] = None, timeout: float = 10.0) -> None:
+    """No process of the job (trainer, DataLoader workers, supervisor) outlives it."""
+    try:
+        wait_until(lambda: not job_processes(run_dir, marker), timeout=timeout, what="job processes to exit")
+    except AssertionError:
+        left = [(p.pid, " ".join(p.cmdline())[:120]) for p in job_processes(run_dir, marker)]
+        for p in job_processes(run_dir, marker):
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        raise AssertionError(f"processes of the job survived: {left}") from None
+
+
+def current_trainer(run_dir: Path) -> Optional[psutil.Process]:
+    """The running attempt's main process, checked against its recorded start time (pid reuse)."""
+    st = supervisor_state(run_dir)
+    pid, ctime = st.get("child_pid"), st.get("child_create_time")
+    if not pid or ctime is None:
+        return None
+    try:
+        p = psutil.Process(pid)
+        if abs(p.create_time() - ctime) > 0.05 or p.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return p
+    except psutil.Error:
+        return None
+
+
+def tmp_dirs(run_dir: Path) -> list[Path]:
+    return list(rundir.tmp_dirs(Path(run_dir) / "checkpoints"))
+
+
+def saving(run_dir: Path, pid: int) -> bool:
+    hb = heartbeat(run_dir) or {}
+    return (hb.get("pid") == pid and hb.get("phase") == "saving") or any(
+        p.name.startswith(".tmp-step-") for p in tmp_dirs(run_dir))
+
+
+class Killer(threading.Thread):
+    """SIGKILLs the running trainer `kills` times at seeded random moments, half of them mid-save.
+
+    A "save" kill waits until the trainer is inside a checkpoint write (heartbeat phase `saving`
+    or a checkpoints/.tmp-step-* dir exists) and kills it there; a "random" kill waits a random
+    0.1-1.2 s after the attempt's first training heartbeat.
+    """
+
+    def __init__(self, run_dir: Path, seed: int, kills: int, proc: subprocess.Popen) -> None:
+        super().__init__(daemon=True, name=f"killer-{seed}")
+        self.run_dir, self.rng, self.kills, self.proc = run_dir, random.Random(seed), kills, proc
+        self.log: list[dict] = []
+        self.error: Optional[BaseException] = None
+        self._halt = threading.Event()
+
+    def stop(self) -> None:
+        self._halt.set()
+
+    def _wait(self, pred, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not self._halt.is_set() and self.proc.poll() is None:
+            if pred():
+                return True
+            time.sleep(0.002)
+        return False
+
+    def run(self) -> None:
+        try:
+            last_pid = None
+            modes = ["save"] * ((self.kills + 1) // 2) + ["random"] * (self.kills // 2)
+            self.rng.shuffle(modes)
+            for mode in modes:
+                if not self._wait(lambda: (t := current_trainer(self.run_dir)) is not None and t.pid != last_pid
+                                  and (heartbeat(self.run_dir) or {}).get("pid") == t.pid
+                                  and (heartbeat(self.run_dir) or {}).get("phase") in ("training", "saving"), 120):
+                    return
+                t = current_trainer(self.run_dir)
+                if t is None:
+                    continue
+                if mode == "save":
+                    if not self._wait(lambda: saving(self.run_dir, t.pid), 30):
+                        return
+                    time.sleep(self.rng.uniform(0, 0.02))  # somewhere in the write, not always its start
+                else:
+                    time.sleep(self.rng.uniform(0.1, 1.2))
+                mid_save = saving(self.run_dir, t.pid)
+                hb = heartbeat(self.run_dir) or {}
+                try:
+                    t.kill()
+                except psutil.NoSuchProcess:
+                    continue
+                last_pid = t.pid
+                self.log.append({"pid": t.pid, "mode": mode, "mid_save": mid_save, "step": hb.get("step")})
+        except BaseException as e:  # noqa: BLE001 - reported by the test
+            self.error = e
+
+
+def resumed_from_events(run_dir: Path) -> list[Optional[str]]:
+    return [e.get("resume_from") for e in events(run_dir, "attempt_started")]
+
+
+def verify_cli(run_dir: Path) -> subprocess.CompletedProcess:
+    return run_cli("checkpoints", str(run_dir), "--verify")
+
+
+def checkpoint_steps(run_dir: Path, root: Optional[Path] = None) -> list[int]:
+    d = Path(root) if root else Path(run_dir) / "checkpoints"
+    return sorted(s for s in (rundir.parse_checkpoint_name(p.name) for p in d.iterdir()) if s is not None)

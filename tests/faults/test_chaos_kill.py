@@ -1,0 +1,61 @@
+"""Trial 1: an external chaos killer SIGKILLs the trainer at random moments, many of them mid-save."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+from pathlib import Path
+
+import pytest
+
+from tests.supervisor.helpers import ended_kinds, events, kill_group, start_cli, sup_env
+
+from trainer_shim import rundir
+
+from .common import (
+    FAST, LONG, TOY, Killer, assert_bit_exact, assert_no_survivors, reference, resumed_from_events, verify_cli,
+)
+
+# ~10 MB checkpoints (hidden 900 with Adam: 3 x 900x900 fp32 + small), ~300 steps.
+JOB = ("--hidden", "900", "--samples", "400", "--batch-size", "4", "--epochs", "3", "--save-every", "10",
+       "--step-sleep", "0.01")
+SEEDS = [int(s) for s in os.environ.get("RESILIENT_CHAOS_SEEDS", "").split(",") if s] or (
+    list(range(1, 9)) if LONG else [1, 2])
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_chaos_sigkill_of_the_trainer_is_bit_exact(tmp_path, seed):
+    print(f"chaos seed {seed}")
+    ref = reference(tmp_path, *JOB)
+    run_dir, out = tmp_path / "run", tmp_path / "weights.pt"
+    kills = 6
+    p = start_cli("--run-dir", str(run_dir), *FAST, TOY, *JOB, "--out", str(out), env=sup_env())
+    killer = Killer(run_dir, seed, kills, p)
+    killer.start()
+    try:
+        rc = p.wait(240)
+        killer.stop()
+        killer.join(10)
+    finally:
+        kill_group(p)
+    stderr = p.stderr.read()
+    assert killer.error is None, killer.error
+    print(f"seed {seed}: kills {killer.log}")
+    assert rc == 0, stderr[-3000:]
+    assert len(killer.log) == kills, f"seed {seed}: only {len(killer.log)} kills landed: {killer.log}"
+    assert any(k["mid_save"] for k in killer.log), f"seed {seed}: no kill landed mid-save: {killer.log}"
+    assert ended_kinds(run_dir) == ["signal"] * kills + ["success"], f"seed {seed}"
+    ended = events(run_dir, "attempt_ended")
+    assert all(e["signal"] == signal.SIGKILL for e in ended[:-1])
+    # Never an invalid checkpoint: the supervisor's every choice was loaded as chosen (the shim
+    # re-verifies digests and would have rejected and fallen back), and nothing was rejected.
+    assert not events(run_dir, "checkpoint_rejected"), f"seed {seed}"
+    starts = resumed_from_events(run_dir)
+    assert [e["resumed_from"] for e in ended] == starts, f"seed {seed}"
+    # Resume points only move forward (a fresh start only before the first commit).
+    steps = [rundir.parse_checkpoint_name(Path(s).name) if s else -1 for s in starts]
+    assert steps == sorted(steps), f"seed {seed}: resume went backwards: {starts}"
+    assert_bit_exact(out, ref)
+    assert verify_cli(run_dir).returncode == 0
+    assert_no_survivors(run_dir, str(out))
