@@ -346,7 +346,9 @@ class Supervisor:
         before = a.monitor.first
         a.monitor.observe(now)
         hb = a.monitor.first
-        if hb is not None and not a.resumed_known:
+        # The shim's first beat (phase starting) goes out before it restores anything, so its
+        # resumed_from is always null; only a later beat says what was actually loaded.
+        if hb is not None and not a.resumed_known and hb.get("phase") != rd_mod.Phase.STARTING.value:
             a.resumed_known = True
             loaded = hb.get("resumed_from")
             a.resumed_from = str(loaded) if loaded and loaded != RESUME_NONE else None
