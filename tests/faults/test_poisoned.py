@@ -1,0 +1,32 @@
+"""Trial 6: a checkpoint that crashes every attempt resuming from it is poisoned; the older one is used."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.supervisor.helpers import ended_kinds, events, run_cli, sup_env
+
+from .common import FAST, TOY, assert_bit_exact, assert_no_survivors, reference, resumed_from_events
+
+JOB = ("--epochs", "2", "--samples", "96", "--batch-size", "8", "--save-every", "5")  # 24 steps
+
+
+def test_poisoned_checkpoint_falls_back_to_the_older_one_after_three_attempts(tmp_path):
+    ref = reference(tmp_path, *JOB)
+    run_dir, out = tmp_path / "run", tmp_path / "weights.pt"
+    # Attempt 1 dies after the step-10 checkpoint; every attempt resuming from step 10 then crashes.
+    env = sup_env(TOY_FAULTS="1:kill@12", TOY_CRASH_IF_RESUMED_FROM_STEP="10")
+    r = run_cli("--run-dir", str(run_dir), *FAST, TOY, *JOB, "--out", str(out), env=env, timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert ended_kinds(run_dir) == ["signal", "crash", "crash", "crash", "success"]
+    starts = [Path(s).name if s else None for s in resumed_from_events(run_dir)]
+    assert starts == [None, "step-00000010", "step-00000010", "step-00000010", "step-00000005"]
+    ended = events(run_dir, "attempt_ended")
+    assert [Path(e["resumed_from"]).name if e["resumed_from"] else None for e in ended] == starts
+    assert [e["progressed"] for e in ended] == [True, False, False, False, True]
+    rejected = events(run_dir, "checkpoint_rejected")
+    assert len(rejected) == 1 and Path(rejected[0]["path"]).name == "step-00000010"
+    assert rejected[0]["reason"].startswith("poisoned")
+    assert "poisoned (crash right after resume)" in ended[1]["evidence"]
+    assert_bit_exact(out, ref)
+    assert_no_survivors(run_dir, str(out))
