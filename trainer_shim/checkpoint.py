@@ -137,7 +137,15 @@ def _write_file(path: Path, obj: Any, progress: Callable[[int], None]) -> FileEn
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         w = HashingWriter(fd, progress)
-        torch.save(obj, w)
+        try:
+            torch.save(obj, w)
+        except RuntimeError as e:
+            # A failed write (ENOSPC, EIO) inside torch.save makes its zip writer's __exit__ raise
+            # its own RuntimeError ("unexpected pos ..."), hiding the OSError: surface that, so a
+            # full disk stays a failed save and never crashes training.
+            if isinstance(e.__context__, OSError):
+                raise e.__context__ from None
+            raise
         os.fsync(fd)
     finally:
         os.close(fd)
