@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import json
 import os
 import shutil
 import sys
@@ -188,7 +189,15 @@ def write_checkpoint(
             git_commit=meta.get("git_commit"), git_dirty=meta.get("git_dirty"),
         )
         # MANIFEST.json last: its presence is what makes the checkpoint complete.
-        rundir.atomic_write_json(tmp / rundir.MANIFEST_NAME, manifest.to_json())
+        # (No temp+rename inside tmp: the whole dir is invisible until its own rename below.)
+        fd = os.open(tmp / rundir.MANIFEST_NAME, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            data = (json.dumps(manifest.to_json(), indent=1, sort_keys=True) + "\n").encode()
+            while data:
+                data = data[os.write(fd, data):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         rundir.fsync_dir(tmp)
         os.rename(tmp, final)
         rundir.fsync_dir(rd_ckpts)

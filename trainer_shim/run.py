@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Iterable, Iterator
@@ -140,6 +141,7 @@ class Run:
         self._committed_step: Optional[int] = None  # newest checkpoint this process committed
         self._warned_workers = False
         self._finished = False
+        self._deleters: list[threading.Thread] = []  # background rmtree of rotated checkpoints
 
         self._stop = signals.StopFlag()
         self._stop.install()
@@ -256,6 +258,8 @@ class Run:
             return
         self._save(CheckpointKind.FINAL)
         self._finished = True
+        for t in self._deleters:  # a finished run leaves no trash behind
+            t.join()
         self._hb.stop()
         self._hb.write_now(phase=Phase.FINISHED.value, step=self.global_step, epoch=self.epoch,
                            loss=self.loss, checkpoint_step=self.checkpoint_step)
@@ -487,7 +491,13 @@ class Run:
                 # Rename first: a half-deleted dir must never look like a committed checkpoint.
                 trash = path.parent / f"{rundir.TMP_PREFIX}deleting-{name}"
                 os.rename(path, trash)
-                shutil.rmtree(trash, ignore_errors=True)
+                if placeholder is not None:  # making room: the space must be free now
+                    shutil.rmtree(trash, ignore_errors=True)
+                else:  # unlinking GBs costs tens of ms; the renamed dir is already invisible
+                    t = threading.Thread(target=shutil.rmtree, args=(trash, True), daemon=True,
+                                         name="trainer_shim-rotate")
+                    t.start()
+                    self._deleters.append(t)
                 idx.pop(name, None)
             if doomed:
                 for n in [n for n, e in idx.items() if not Path(e.get("dir", "")).is_dir()]:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Optional
 
@@ -20,12 +22,35 @@ VARIANT = Path(__file__).with_name("variant_job.py")
 def run_job(script: Path, run_dir: Optional[Path], *args: str, attempt: int = 1, faults: str = "",
             env: Optional[dict[str, str]] = None, timeout: float = 120, cwd: Optional[Path] = None,
             ) -> subprocess.CompletedProcess:
-    """Run a job to its end (or its injected death) and return the completed process."""
+    """Run a job to its end (or its injected death) and return the completed process.
+
+    The job gets its own session and output files, not pipes: a job that SIGKILLs itself leaves
+    its DataLoader workers orphaned (they may linger holding inherited fds), so we wait for the
+    job's own pid and then kill whatever is left of its process group.
+    """
     e = child_env(RESILIENT_ATTEMPT=str(attempt), TOY_FAULTS=faults, **(env or {}))
     argv = [PYTHON, str(script), *args]
     if run_dir is not None:
         argv += ["--run-dir", str(run_dir)]
-    return subprocess.run(argv, env=e, capture_output=True, text=True, timeout=timeout, cwd=cwd)
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(argv, env=e, stdout=out, stderr=err, text=True, cwd=cwd, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=timeout)
+        finally:
+            kill_group(proc)
+        out.seek(0)
+        err.seek(0)
+        return subprocess.CompletedProcess(argv, rc, out.read(), err.read())
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the job's process group (the job and any orphaned workers it started)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    if proc.returncode is None:
+        proc.wait()
 
 
 def run_toy(run_dir: Optional[Path], *args: str, **kw) -> subprocess.CompletedProcess:
@@ -35,7 +60,7 @@ def run_toy(run_dir: Optional[Path], *args: str, **kw) -> subprocess.CompletedPr
 def start_toy(run_dir: Path, *args: str, attempt: int = 1, faults: str = "") -> subprocess.Popen:
     e = child_env(RESILIENT_ATTEMPT=str(attempt), TOY_FAULTS=faults)
     return subprocess.Popen([PYTHON, str(TOY), *args, "--run-dir", str(run_dir)], env=e,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
 
 
 def weights(path: Path) -> dict[str, torch.Tensor]:
@@ -87,4 +112,4 @@ def chain(run_dir: Path, kills: list[int], *args: str) -> list[subprocess.Comple
 
 
 __all__ = ["run_toy", "run_job", "start_toy", "weights", "assert_same_weights", "events", "committed",
-           "manifest", "rewrite_manifest", "shim_lines", "chain", "os", "VARIANT", "TOY"]
+           "manifest", "rewrite_manifest", "shim_lines", "chain", "kill_group", "VARIANT", "TOY"]

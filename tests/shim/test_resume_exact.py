@@ -10,7 +10,7 @@ import pytest
 
 from trainer_shim import rundir
 
-from .helpers import assert_same_weights, chain, run_toy, shim_lines, start_toy
+from .helpers import assert_same_weights, chain, kill_group, run_toy, shim_lines, start_toy
 
 
 @pytest.mark.parametrize("num_workers,epochs,kills", [
@@ -58,7 +58,7 @@ def test_sigkill_during_save_resumes_bit_exact(run_dir: Path, refs) -> None:
             rundir.wait_for(lambda: proc.poll() is not None or not any(rundir.tmp_dirs(run_dir / "checkpoints")), 60, 0.001)
         in_save = _wait_in_save(run_dir, proc)
         proc.send_signal(signal.SIGKILL)
-        proc.communicate()
+        kill_group(proc)
         if in_save:
             hit += 1
         for info in rundir.iter_checkpoint_dirs([run_dir / "checkpoints"]):

@@ -11,7 +11,7 @@ from pathlib import Path
 from trainer_shim import rundir
 from trainer_shim.heartbeat import Heartbeat
 
-from .helpers import assert_same_weights, manifest, run_toy, shim_lines, start_toy
+from .helpers import assert_same_weights, kill_group, manifest, run_toy, shim_lines, start_toy
 
 
 def test_sigterm_loses_no_step_and_exits_75_sigusr1_dumps(run_dir: Path, refs) -> None:
@@ -26,15 +26,17 @@ def test_sigterm_loses_no_step_and_exits_75_sigusr1_dumps(run_dir: Path, refs) -
             phases.append(hb["phase"])
         return hb if hb and hb["step"] >= step else None
 
-    assert rundir.wait_for(lambda: beat_at(6), 60, 0.005), proc.stderr and proc.stderr.read()
+    assert rundir.wait_for(lambda: beat_at(6), 60, 0.005), "no training heartbeat" 
     proc.send_signal(signal.SIGUSR1)
     stacks = rd.stacks_file(proc.pid)
     assert rundir.wait_for(lambda: stacks.exists() and "most recent call first" in stacks.read_text(), 20)
     assert "heartbeat" in stacks.read_text() or "Thread" in stacks.read_text()
     assert rundir.wait_for(lambda: beat_at(9), 60, 0.005), "training stopped after SIGUSR1"
     proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=60)
-    assert proc.returncode == rundir.EXIT_PREEMPTED, err
+    try:
+        assert proc.wait(timeout=60) == rundir.EXIT_PREEMPTED
+    finally:
+        kill_group(proc)
     hb = rundir.read_heartbeat(rd.heartbeat(0))
     assert hb["phase"] == "stopping"
     newest = rundir.newest_valid([rd.checkpoints], full=True)
