@@ -155,9 +155,11 @@ class Run:
                 shutil.rmtree(t, ignore_errors=True)
         self.git_commit, self.git_dirty = git_info(script.parent if script else None)
 
+        self.last_failure: Optional[str] = os.environ.get(rundir.ENV_LAST_FAILURE) or None
         self._restore()
-        self._hb.fields.update(step=self.global_step, epoch=self.epoch, loss=self.loss,
-                               resumed_from=self.resumed_from, checkpoint_step=self.checkpoint_step)
+        # Second "starting" beat: the supervisor learns what was actually restored (after any fallback).
+        self._hb.write_now(step=self.global_step, epoch=self.epoch, loss=self.loss,
+                           resumed_from=self.resumed_from, checkpoint_step=self.checkpoint_step)
         self._hb.start()
 
     # --- paths ----------------------------------------------------------------------------------
@@ -417,15 +419,23 @@ class Run:
     # --- index and rotation -------------------------------------------------------------------
 
     def _write_index(self, idx: dict) -> None:
-        names = {n for n in idx}
-        entries = [rotation.Entry(n, e.get("global_step", 0), CheckpointKind(e.get("kind", "step")),
-                                  e.get("loss"), e.get("kind") != "emergency") for n, e in idx.items()]
-        best = rotation.best_names(entries, self.keep_best)
-        for n in names:
-            idx[n]["is_best"] = n in best
         try:
+            idx = {n: e for n, e in idx.items() if isinstance(e, dict)}  # drop foreign junk
+            entries = []
+            for n, e in idx.items():
+                try:
+                    kind = CheckpointKind(e.get("kind", "step"))
+                except ValueError:
+                    kind = CheckpointKind.STEP
+                loss = e.get("loss") if isinstance(e.get("loss"), (int, float)) else None
+                entries.append(rotation.Entry(n, int(e.get("global_step") or 0), kind, loss,
+                                              kind is not CheckpointKind.EMERGENCY))
+            best = rotation.best_names(entries, self.keep_best)
+            for n in idx:
+                idx[n]["is_best"] = n in best
             rundir.atomic_write_json(self.rd.index, idx)
-        except OSError as e:
+        except (OSError, TypeError, ValueError) as e:
+            # The index is bookkeeping: losing an update must never stop training.
             _say(f"warning: cannot write {self.rd.index}: {e}")
 
     def _index_add(self, path: Path, manifest: rundir.Manifest) -> None:
@@ -436,7 +446,7 @@ class Run:
     def _upgrade_kind(self, path: Path, kind: CheckpointKind) -> None:
         idx = rundir.read_index(self.rd)
         ent = idx.get(path.name)
-        if ent is None:
+        if not isinstance(ent, dict):
             try:
                 info = rundir.inspect_checkpoint(path)
             except rundir.InvalidCheckpoint:
