@@ -212,7 +212,19 @@ class Run:
             self._epoch_rng = rng.capture(data.loader_generator(loader))
             it = iter(loader)
             self._yielded = 0
-        for batch in it:
+        while True:
+            try:
+                batch = next(it)
+            except StopIteration:
+                break
+            except Exception:
+                if self._stop.requested:
+                    # A SIGTERM sent to the whole process group also reaches DataLoader workers,
+                    # whose torch-installed handler kills them, so fetching the next batch fails.
+                    # Nothing has changed since the last run.step(): stop gracefully instead.
+                    _say("the data loader failed after a stop signal (its workers got it too); stopping")
+                    self._preempt()
+                raise
             self._yielded += 1
             yield batch
         self._stream_done = True
