@@ -425,6 +425,13 @@ class Supervisor:
             n = self.attempt_no = n + 1
             env[ENV_ATTEMPT] = str(n)
             log_path = self.rd.attempt_log(n)
+        # Heartbeats of an earlier process (a standalone run also calls itself attempt 1) must not
+        # pass for this attempt's: nothing of the run is alive now, so they are all stale.
+        for stale in self.rd.heartbeats.glob("rank-*.json"):
+            try:
+                stale.unlink()
+            except OSError:
+                pass
         kernel_log = KernelLog()
         oom_base = self._cgroup.oom_kills() if self._cgroup else 0
         child = procs.spawn(self.config.command, env=env, cwd=self.config.working_dir, log_path=log_path,
