@@ -3,7 +3,8 @@
     .venv/bin/python bench/bench_shim.py [--mb 256] [--steps 3000]
 
 Prints one table: measured ratio vs target for step overhead, verified save, verified restore
-and the newest-valid lookup among 1,000 checkpoints.
+and the newest-valid lookup among 1,000 checkpoints. Bare and shim runs alternate and each
+side reports its best round (other processes on a shared machine only ever add time).
 """
 
 from __future__ import annotations
@@ -126,8 +127,8 @@ def bench_save_restore(tmp: Path, mb: int, reps: int = 5) -> tuple[float, float,
         t0 = time.perf_counter()
         ckpt.read_checkpoint(info.path)
         r_shim.append(time.perf_counter() - t0)
-    return (statistics.median(t_bare), statistics.median(t_shim), statistics.median(r_bare),
-            statistics.median(r_shim))
+    # best of N for both sides: on a shared box, other jobs' I/O only ever adds time
+    return min(t_bare), min(t_shim), min(r_bare), min(r_shim)
 
 
 def bench_lookup(tmp: Path, n: int = 1000) -> float:
