@@ -47,8 +47,9 @@ def _wait_in_save(run_dir: Path, proc, timeout: float = 60.0) -> bool:
     return False
 
 
-def test_sigkill_during_save_resumes_bit_exact(run_dir: Path, refs) -> None:
-    args = ("--hidden", "1200", "--epochs", "1", "--samples", "80", "--save-every", "3")
+@pytest.mark.parametrize("num_workers", ["0", "2"])
+def test_sigkill_during_save_resumes_bit_exact(run_dir: Path, refs, num_workers: str) -> None:
+    args = ("--hidden", "1200", "--epochs", "1", "--samples", "80", "--save-every", "3", "--num-workers", num_workers)
     ref = refs.get(*args)
     hit = 0
     for attempt in (1, 2):
