@@ -334,6 +334,13 @@ class Run:
                 return d / name
         return None
 
+    @staticmethod
+    def _inexact(path: Path) -> bool:
+        try:
+            return not rundir.inspect_checkpoint(path).manifest.exact
+        except rundir.InvalidCheckpoint:
+            return False
+
     def _snapshot(self, kind: CheckpointKind, exact: bool) -> ckpt.Snapshot:
         """Collect state (CPU tensors by reference, device tensors copied); the write is synchronous."""
         files: dict[str, Any] = {}
@@ -361,6 +368,16 @@ class Run:
         """Save at the current step unless it already has a checkpoint; storage failures never raise."""
         self._last_save_t = time.monotonic()
         existing = self._existing(self.global_step)
+        if existing is not None and exact and self._inexact(existing):
+            # An exact state at this step supersedes the emergency one, which was kept only for
+            # inspection; keeping it would leave this step without a resumable checkpoint.
+            trash = existing.parent / f"{rundir.TMP_PREFIX}deleting-{existing.name}"
+            try:
+                os.rename(existing, trash)
+                shutil.rmtree(trash, ignore_errors=True)
+                existing = None
+            except OSError as e:
+                _say(f"warning: cannot replace emergency checkpoint {existing}: {e}")
         if existing is not None:
             self._upgrade_kind(existing, kind)
             return existing

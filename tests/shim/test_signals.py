@@ -107,3 +107,19 @@ def test_heartbeat_goes_stale_unless_asked_or_save_progresses(tmp_path: Path) ->
         assert got["phase"] == "training" and got["checkpoint_step"] == 7
     finally:
         hb.stop()
+
+
+def test_exact_save_replaces_an_emergency_checkpoint_at_the_same_step(run_dir: Path, refs) -> None:
+    # A crash after the last step leaves an emergency checkpoint at 36; the rerun reaches 36 again
+    # and its epoch-end/final saves must commit an exact checkpoint there, not adopt the inexact one.
+    ref = refs.get()
+    rd = rundir.RunDir(run_dir)
+    assert run_toy(run_dir, faults="1:raise@36").returncode == 1
+    assert manifest(rd.checkpoint(36))["exact"] is False
+    p = run_toy(run_dir, attempt=2, faults="1:raise@36")
+    assert p.returncode == 0, p.stderr[-3000:]
+    m = manifest(rd.checkpoint(36))
+    assert m["exact"] is True and m["kind"] == "epoch"
+    assert rundir.read_index(rd)["step-00000036"]["kind"] == "final"
+    assert (rd.latest).resolve().name == "step-00000036"
+    assert_same_weights(ref / "final_weights.pt", run_dir / "final_weights.pt")
