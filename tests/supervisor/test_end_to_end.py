@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import signal
 import subprocess
 
 import torch
 
 from tests.conftest import JOBS, PYTHON
 
-from .helpers import alive, attempt_pids, ended_kinds, events, heartbeat, kill_group, run_cli, start_cli, sup_env, wait_until
+from .helpers import alive, attempt_pids, ended_kinds, events, run_cli, sup_env
 
 TOY = str(JOBS / "toy_train.py")
 
@@ -45,23 +44,4 @@ def test_kill_raise_exit_hang_cuda_oom_then_success_bit_exact(tmp_path, run_dir)
     for pid in attempt_pids(run_dir):
         assert not alive(pid)
 
-
-def test_sigterm_to_supervisor_loses_no_step_and_rerun_is_bit_exact(tmp_path, run_dir):
-    ref = _reference(tmp_path, "--epochs", "4")
-    out = tmp_path / "weights.pt"
-    args = ("--run-dir", str(run_dir), TOY, "--epochs", "4", "--step-sleep", "0.05", "--out", str(out))
-    p = start_cli(*args)
-    try:
-        wait_until(lambda: (heartbeat(run_dir) or {}).get("step", 0) >= 9, timeout=60, what="step 9")
-        p.send_signal(signal.SIGTERM)
-        assert p.wait(60) == 75
-    finally:
-        kill_group(p)
-    assert ended_kinds(run_dir) == ["preempted"]
-    hb = heartbeat(run_dir)
-    assert hb["phase"] == "stopping"
-    newest = max(int(d.name.split("-")[1]) for d in (run_dir / "checkpoints").glob("step-*"))
-    assert newest == hb["step"]  # zero lost steps
-    r = run_cli(*args, timeout=120)
-    assert r.returncode == 0, r.stderr[-2000:]
-    _assert_equal(torch.load(out), ref)
+# SIGTERM/SIGKILL to the supervisor with DataLoader workers: tests/faults/test_stops.py.
