@@ -72,7 +72,8 @@ def main() -> int:
     console.print(f"supervisor exit code: {rc}; attempts ended as: {', '.join(kinds)}")
     if exact:
         console.print(f"[bold green]final weights are bitwise equal to the uninterrupted run[/] ({len(ref)} tensors, torch.equal)")
-        console.print(f"inspect it yourself: resilient-run status {run_dir.relative_to(REPO)}; resilient-run checkpoints {run_dir.relative_to(REPO)} --verify")
+        rel = run_dir.relative_to(REPO)
+        console.print(f"inspect it yourself: .venv/bin/resilient-run status {rel}; .venv/bin/resilient-run checkpoints {rel} --verify")
         return 0
     console.print("[bold red]final weights differ from the uninterrupted run[/]")
     return 1
