@@ -25,6 +25,7 @@ from trainer_shim.rundir import (
 from . import procs
 from .cgroup import KernelLog, MemoryCgroup
 from .classify import AttemptFacts, Kind, classify
+from .launch import parse_torchrun_failure
 from .config import Config
 from .errors import EXIT_GAVE_UP, EXIT_OK, EXIT_STOPPED, LockedError, RunDirError
 from .heartbeat import HeartbeatEvents, HeartbeatMonitor
@@ -81,6 +82,7 @@ class AttemptResult:
     resumed_from: Optional[str]     # what the trainer actually loaded (first heartbeat), else our choice
     progressed: bool
     duration_s: float
+    rank_exit_code: Optional[int] = None  # torchrun: the exit code of the rank that failed first
 
 
 @dataclasses.dataclass
@@ -469,7 +471,9 @@ class Supervisor:
                    step=result.step, evidence=result.evidence, log_tail=result.log_tail,
                    resumed_from=result.resumed_from, progressed=result.progressed)
         say(f"attempt {result.attempt} ended: {result.kind.value} ({result.evidence})")
-        decision = self.policy.decide(result.kind, result.exit_code, progressed=result.progressed,
+        # Under torchrun the rank's own exit code (e.g. 2: a configuration error) decides, not torchrun's 1.
+        code = result.rank_exit_code if result.rank_exit_code is not None else result.exit_code
+        decision = self.policy.decide(result.kind, code, progressed=result.progressed,
                                       resumed_from=result.resumed_from, stop_requested=self.stop_requested)
         if decision.action is Action.DONE:
             self._emit("finished")
@@ -515,14 +519,12 @@ class Supervisor:
             if kills > a.oom_base:
                 evidence.append(f"cgroup {self._cgroup.counter_name} rose {a.oom_base}->{kills}")
         evidence += a.kernel_log.oom_kills(a.seen.keys())
-        try:
-            error = read_json(self.rd.error_file(a.number))
-            error = error if isinstance(error, dict) else None
-        except ContractError:
-            error = None
+        tail = _tail(a.child.log_path)
+        rank_failures = tuple(parse_torchrun_failure(tail)) if rc not in (0, None) else ()
         kind, detail = classify(AttemptFacts(
             returncode=rc, killed_for=a.killed_for, stale_detail=a.stale_detail, oom_evidence=tuple(evidence),
-            error=error, stop_requested=self.stop_requested,
+            error=self._attempt_error(a.number, rank_failures), stop_requested=self.stop_requested,
+            rank_failures=rank_failures, ranks_stopped=_ranks_stopped(a.monitor),
         ))
         hb = a.monitor.first
         resumed = a.resumed_from if a.resumed_known else a.chosen
@@ -532,9 +534,33 @@ class Supervisor:
         facts = AttemptFacts(returncode=rc)
         return AttemptResult(
             attempt=a.number, kind=kind, exit_code=facts.exit_code, signal=facts.signal,
-            step=hb.get("step") if hb else None, evidence=detail, log_tail=_tail(a.child.log_path),
+            step=hb.get("step") if hb else None, evidence=detail, log_tail=tail,
             resumed_from=resumed, progressed=progressed, duration_s=round(time.monotonic() - a.started, 3),
+            rank_exit_code=_rank_exit_code(rank_failures),
         )
+
+    def _attempt_error(self, n: int, rank_failures: tuple[str, ...]) -> Optional[dict]:
+        """The error file that best explains attempt n: a CUDA OOM, else the first rank torchrun
+        reports failed, else the lowest rank (rank 0 writes attempt-N.json, others -rank-R)."""
+        errors: list[dict] = []
+        for rank, path in self.rd.rank_error_files(n):
+            try:
+                err = read_json(path)
+            except ContractError:
+                continue
+            if isinstance(err, dict):
+                errors.append({**err, "rank": rank})
+        if not errors:
+            return None
+        for err in errors:
+            if "OutOfMemoryError" in str(err.get("type", "")):
+                return err
+        failed = [int(p.split()[1]) for p in rank_failures if p.split()[1].isdigit()]
+        for r in failed:
+            for err in errors:
+                if err["rank"] == r:
+                    return err
+        return errors[0]
 
     def _finish(self, state: State, code: int) -> None:
         self.state = state
@@ -645,6 +671,25 @@ class Supervisor:
         if self._lock_fd is not None:
             os.close(self._lock_fd)  # releases the flock
             self._lock_fd = None
+
+
+def _rank_exit_code(rank_failures: tuple[str, ...]) -> Optional[int]:
+    """The exit code of torchrun's root-cause rank, when it exited (rather than being signalled)."""
+    if not rank_failures or " exit code " not in rank_failures[0]:
+        return None
+    try:
+        return int(rank_failures[0].rsplit(" exit code ", 1)[1])
+    except ValueError:
+        return None
+
+
+def _ranks_stopped(monitor: HeartbeatMonitor) -> Optional[str]:
+    """For a multi-rank attempt whose every rank's last beat is `stopping` after a preempt save: the detail."""
+    recs = [t.record for _, t in sorted(monitor.tracks.items())]
+    if len(recs) < 2 or any(r.get("phase") != rd_mod.Phase.STOPPING.value for r in recs):
+        return None
+    steps = sorted({r.get("checkpoint_step") for r in recs}, key=str)
+    return f"all {len(recs)} ranks saved a preempt checkpoint at step {', '.join(map(str, steps))} and stopped"
 
 
 def _tail(path: Path, lines: int = 20, max_bytes: int = 16384) -> list[str]:

@@ -35,6 +35,8 @@ class AttemptFacts:
     oom_evidence: tuple[str, ...] = ()        # cgroup counter rise, kernel log lines
     error: Optional[dict] = None              # errors/attempt-N.json written by the shim
     stop_requested: bool = False
+    rank_failures: tuple[str, ...] = ()       # torchrun's summary: "rank 1 (pid 12) killed by SIGKILL"
+    ranks_stopped: Optional[str] = None       # multi-rank: every rank's last beat is `stopping` (detail)
 
     @property
     def exit_code(self) -> Optional[int]:
@@ -70,6 +72,9 @@ def classify(f: AttemptFacts) -> tuple[Kind, str]:
         return Kind.SUCCESS, "exit code 0"
     if f.returncode == EXIT_PREEMPTED:
         return Kind.PREEMPTED, f"exit code {EXIT_PREEMPTED} after a preempt checkpoint"
+    if f.ranks_stopped and f.returncode is not None and f.returncode > 0:
+        # torchrun, itself SIGTERMed, exits 1 even when every rank saved and exited 75.
+        return Kind.PREEMPTED, f"exit code {f.exit_code} from torchrun; {f.ranks_stopped}"
     if _is_cuda_oom(f.error):
         return Kind.CUDA_OOM, f"{f.error.get('type')}: {str(f.error.get('message', ''))[:200]}"  # type: ignore[union-attr]
     if f.oom_evidence:
@@ -77,6 +82,13 @@ def classify(f: AttemptFacts) -> tuple[Kind, str]:
         return Kind.OOM, f"{how}; " + "; ".join(f.oom_evidence)
     if f.signal is not None:
         return Kind.SIGNAL, f"killed by {_signame(f.signal)}; no OOM evidence in cgroup or kernel log"
+    ranks = f"; {', '.join(f.rank_failures)}" if f.rank_failures else ""
+    if f.rank_failures and " killed by " in f.rank_failures[0]:
+        # torchrun exits 1 when a rank died of a signal: the rank's death is what happened.
+        return Kind.SIGNAL, f"exit code {f.exit_code}{ranks}; no OOM evidence in cgroup or kernel log"
     if f.error:
-        return Kind.CRASH, f"exit code {f.exit_code}; {f.error.get('type')}: {str(f.error.get('message', ''))[:200]}"
-    return Kind.CRASH, f"exit code {f.exit_code}"
+        who = f"rank {f.error['rank']} " if isinstance(f.error.get("rank"), int) and f.rank_failures else ""
+        if isinstance(f.error.get("rank"), int) and f.error["rank"] != 0:
+            who = f"rank {f.error['rank']} "
+        return Kind.CRASH, f"exit code {f.exit_code}{ranks}; {who}{f.error.get('type')}: {str(f.error.get('message', ''))[:200]}"
+    return Kind.CRASH, f"exit code {f.exit_code}{ranks}"

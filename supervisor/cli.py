@@ -86,6 +86,10 @@ def run(
     memory_limit: Optional[str] = typer.Option(None, "--memory-limit", help="Memory cgroup limit for the job, e.g. 8G."),
     no_restart_exit_codes: Optional[str] = typer.Option(None, "--no-restart-exit-codes", help=f"Exit codes that are never retried (default {','.join(map(str, DEFAULTS.no_restart_exit_codes))})."),
     working_dir: Optional[Path] = typer.Option(None, "--working-dir", help="Working directory of the job."),
+    nproc_per_node: Optional[int] = typer.Option(None, "--nproc-per-node", help="Run SCRIPT.py under torchrun with this many ranks on this node."),
+    nnodes: Optional[int] = typer.Option(None, "--nnodes", help="Number of nodes (with --nproc-per-node; >1 needs --node-rank and --rdzv-endpoint)."),
+    node_rank: Optional[int] = typer.Option(None, "--node-rank", help="This node's rank, 0..nnodes-1."),
+    rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint", help="HOST:PORT of the c10d rendezvous, the same on every node."),
 ) -> None:
     """Run SCRIPT.py (under this Python) or `-- COMMAND` and keep it alive until it succeeds."""
     from .agent import Supervisor  # imported here so `status` stays quick
@@ -99,6 +103,7 @@ def run(
         "heartbeat_timeout": heartbeat_timeout, "startup_timeout": startup_timeout, "save_timeout": save_timeout,
         "grace_period": grace_period, "memory_limit": memory_limit, "no_restart_exit_codes": no_restart_exit_codes,
         "working_dir": str(working_dir) if working_dir else None,
+        "nproc_per_node": nproc_per_node, "nnodes": nnodes, "node_rank": node_rank, "rdzv_endpoint": rdzv_endpoint,
     }
     cfg: Config = build_config(file_values, cli_values)
     if not tokens and cfg.script and not os.path.isfile(cfg.script):

@@ -206,7 +206,19 @@ def build_config(file_values: dict[str, Any], cli_values: dict[str, Any]) -> Con
         raise ConfigError("give either script or command, not both")
     if script:
         # SCRIPT.py runs under the supervisor's own Python, so the venv that has the shim is used.
-        merged["command"] = (sys.executable, script, *merged.get("args", ()))
+        if merged.get("nproc_per_node"):
+            from .launch import torchrun_command
+
+            rdzv_id = Path(merged["run_dir"]).name if merged.get("run_dir") else Path(script).stem
+            merged["command"] = torchrun_command(
+                script, merged.get("args", ()), nproc_per_node=merged["nproc_per_node"], nnodes=merged.get("nnodes"),
+                node_rank=merged.get("node_rank"), rdzv_endpoint=merged.get("rdzv_endpoint"), rdzv_id=rdzv_id)
+        else:
+            if merged.get("nnodes") or merged.get("rdzv_endpoint"):
+                raise ConfigError("nnodes/rdzv_endpoint need nproc_per_node (ranks per node)")
+            merged["command"] = (sys.executable, script, *merged.get("args", ()))
+    elif command and merged.get("nproc_per_node"):
+        raise ConfigError("nproc_per_node launches SCRIPT.py under torchrun; with `-- COMMAND` put torchrun in the command yourself")
     elif not command:
         raise ConfigError("no job given: pass SCRIPT.py, or `-- COMMAND ...`, or set script/command in the config")
     return Config(**merged)

@@ -19,7 +19,8 @@ Run-dir layout::
       checkpoints/latest         symlink to the newest committed checkpoint
       logs/attempt-NNNN.log      child output per attempt (supervisor writes)
       logs/stacks-<pid>.txt      faulthandler dumps on SIGUSR1 (shim writes)
-      errors/attempt-N.json      uncaught exception of attempt N (shim writes)
+      errors/attempt-N.json      uncaught exception of attempt N (shim writes; rank 0)
+      errors/attempt-N-rank-R.json  the same for rank R > 0 of a distributed attempt
 """
 
 from __future__ import annotations
@@ -177,8 +178,22 @@ class RunDir:
     def attempt_log(self, attempt: int) -> Path:
         return self.logs / f"attempt-{attempt:04d}.log"
 
-    def error_file(self, attempt: int) -> Path:
-        return self.errors / f"attempt-{attempt}.json"
+    def error_file(self, attempt: int, rank: int = 0) -> Path:
+        """Rank 0 (and a single process) writes attempt-N.json; rank R > 0 attempt-N-rank-R.json."""
+        return self.errors / (f"attempt-{attempt}.json" if rank == 0 else f"attempt-{attempt}-rank-{rank}.json")
+
+    def rank_error_files(self, attempt: int) -> list[tuple[int, Path]]:
+        """(rank, path) of every error file of attempt N, rank 0 first, then by rank."""
+        out = [(0, self.error_file(attempt))] if self.error_file(attempt).exists() else []
+        prefix = f"attempt-{attempt}-rank-"
+        try:
+            names = os.listdir(self.errors)
+        except OSError:
+            names = []
+        for n in names:
+            if n.startswith(prefix) and n.endswith(".json") and n[len(prefix):-5].isdigit():
+                out.append((int(n[len(prefix):-5]), self.errors / n))
+        return sorted(out)
 
     def stacks_file(self, pid: int) -> Path:
         return self.logs / f"stacks-{pid}.txt"

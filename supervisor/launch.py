@@ -1,0 +1,93 @@
+"""The child command of a distributed job: `torchrun` (as `python -m torch.distributed.run`) around SCRIPT.py.
+
+The supervisor never imports torch; it only builds the argv. torchrun runs with
+`--max-restarts 0`: restarting is the supervisor's job (from the newest valid checkpoint), and
+with no restarts of its own torchrun exits non-zero as soon as any rank dies, which ends the
+attempt; the supervisor then kills the whole tree.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from typing import Optional, Sequence
+
+from .errors import ConfigError
+
+__all__ = ["torchrun_command", "parse_torchrun_failure"]
+
+
+def torchrun_command(
+    script: str,
+    args: Sequence[str],
+    *,
+    nproc_per_node: int,
+    nnodes: Optional[int] = None,
+    node_rank: Optional[int] = None,
+    rdzv_endpoint: Optional[str] = None,
+    rdzv_id: str = "resilient-run",
+    python: str = sys.executable,
+) -> tuple[str, ...]:
+    """argv running `script args` on nproc_per_node local ranks (and nnodes nodes when > 1)."""
+    cmd = [python, "-m", "torch.distributed.run", "--max-restarts", "0", "--nproc-per-node", str(nproc_per_node)]
+    if (nnodes or 1) <= 1:
+        if rdzv_endpoint or (node_rank or 0) != 0:
+            raise ConfigError("rdzv_endpoint/node_rank need nnodes > 1; a single node uses --standalone")
+        cmd.append("--standalone")
+    else:
+        if not rdzv_endpoint:
+            raise ConfigError(f"nnodes {nnodes} needs rdzv_endpoint HOST:PORT (the same on every node)")
+        if node_rank is None:
+            raise ConfigError(f"nnodes {nnodes} needs node_rank (0..{nnodes - 1}, unique per node)")
+        if node_rank >= nnodes:
+            raise ConfigError(f"node_rank {node_rank} must be below nnodes {nnodes}")
+        if not re.match(r"^\[?[A-Za-z0-9_.:-]+\]?:\d+$", rdzv_endpoint):
+            raise ConfigError(f"rdzv_endpoint: {rdzv_endpoint!r} is not HOST:PORT")
+        cmd += ["--nnodes", str(nnodes), "--node-rank", str(node_rank), "--rdzv-backend", "c10d",
+                "--rdzv-endpoint", rdzv_endpoint, "--rdzv-id", rdzv_id]
+    return (*cmd, script, *args)
+
+
+# torchrun's failure summary (torch.distributed.elastic ChildFailedError), e.g.
+#   [0]:
+#     time      : 2026-12-02_17:40:01
+#     host      : box
+#     rank      : 1 (local_rank: 1)
+#     exitcode  : -9 (pid: 12345)
+_RANK_RE = re.compile(r"^\s*rank\s*:\s*(\d+)")
+_EXIT_RE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)\s*\(pid:\s*(\d+)\)")
+
+
+def parse_torchrun_failure(lines: Sequence[str]) -> list[str]:
+    """One phrase per failed rank in torchrun's summary: 'rank 1 (pid 123) killed by SIGKILL'."""
+    import signal
+
+    out: list[str] = []
+    root: list[str] = []  # torchrun's "Root Cause (first observed failure)" goes first
+    in_root = False
+    rank: Optional[str] = None
+    for ln in lines:
+        if ln.startswith("Root Cause"):
+            in_root = True
+            continue
+        m = _RANK_RE.match(ln)
+        if m:
+            rank = m.group(1)
+            continue
+        m = _EXIT_RE.match(ln)
+        if m:
+            code, pid = int(m.group(1)), m.group(2)
+            if code < 0:
+                try:
+                    how = f"killed by {signal.Signals(-code).name}"
+                except ValueError:
+                    how = f"killed by signal {-code}"
+            else:
+                how = f"exit code {code}"
+            phrase = f"rank {rank if rank is not None else '?'} (pid {pid}) {how}"
+            (root if in_root else out).append(phrase)
+    seen: list[str] = []
+    for p in root + out:
+        if p not in seen:
+            seen.append(p)
+    return seen
