@@ -226,13 +226,72 @@ def load_file(ckpt_dir: Path, fname: str) -> Any:
         raise CheckpointError(f"{fname}: torch.load(weights_only=True) refused it: {type(e).__name__}: {first}") from e
 
 
-def read_checkpoint(ckpt_dir: Path, *, root: Optional[Path] = None, model_only: bool = False) -> tuple[rundir.CheckpointInfo, dict[str, Any]]:
-    """Fully verify digests, then load every member safely; raises CheckpointError with the reason."""
+def rank_file(rank: int) -> str:
+    """The per-rank member of a multi-rank checkpoint (that rank's trainer state, RNG, data position)."""
+    return f"rank-{rank}.pt"
+
+
+def write_member(tmp: Path, fname: str, obj: Any, progress: Callable[[int], None] = lambda n: None) -> tuple[int, str]:
+    """Write one member into an uncommitted checkpoint dir; (size, digest). OSError on failure."""
+    ent = _write_file(Path(tmp) / fname, obj, progress)
+    return ent.size, ent.xxh3_128
+
+
+def commit_members(ckpt_root: Path, tmp: Path, snap: Snapshot, files: dict[str, tuple[int, str]], *,
+                   meta: dict[str, Any], world_size: int) -> tuple[Path, Manifest]:
+    """Multi-rank commit (rank 0): MANIFEST.json listing every rank's members, rename, repoint latest.
+
+    Every listed file is checked (size) before the manifest is written, so a checkpoint
+    missing any rank's files is never committed. CheckpointError on failure (tmp removed).
+    """
+    rd_ckpts = Path(ckpt_root)
+    name = rundir.checkpoint_name(snap.global_step)
+    final = rd_ckpts / name
+    try:
+        if final.exists():
+            raise CheckpointError(f"{final} already exists")
+        for fname, (size, _d) in files.items():
+            if (tmp / fname).stat().st_size != size:
+                raise CheckpointError(f"{tmp / fname} has not the size its rank reported")
+        entries = {f: FileEntry(size, dig) for f, (size, dig) in sorted(files.items())}
+        manifest = Manifest(
+            global_step=snap.global_step, epoch=snap.epoch, batch_in_epoch=snap.batch_in_epoch,
+            kind=snap.kind, loss=snap.loss, created_at=rundir.now_iso(), files=entries, exact=snap.exact,
+            torch_version=torch.__version__, python_version=sys.version.split()[0],
+            git_commit=meta.get("git_commit"), git_dirty=meta.get("git_dirty"), world_size=world_size,
+        )
+        fd = os.open(tmp / rundir.MANIFEST_NAME, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            data = (json.dumps(manifest.to_json(), indent=1, sort_keys=True) + "\n").encode()
+            while data:
+                data = data[os.write(fd, data):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        rundir.fsync_dir(tmp)
+        os.rename(tmp, final)
+        rundir.fsync_dir(rd_ckpts)
+        if snap.exact:
+            rundir.repoint_latest(rd_ckpts, name)
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError):
+            raise CheckpointError(f"cannot commit {tmp}: {_describe(e)}") from e
+        raise
+    return final, manifest
+
+
+def read_checkpoint(ckpt_dir: Path, *, root: Optional[Path] = None, model_only: bool = False,
+                    names: Optional[list[str]] = None) -> tuple[rundir.CheckpointInfo, dict[str, Any]]:
+    """Fully verify digests, then load every member (or `names`) safely; CheckpointError with the reason."""
     try:
         info = rundir.inspect_checkpoint(Path(ckpt_dir), full=True, root=root)
     except rundir.InvalidCheckpoint as e:
         raise CheckpointError(e.reason) from e
-    names = [MODEL_FILE] if model_only else list(info.manifest.files)
+    if names is not None:
+        names = [n for n in names if n in info.manifest.files or n == names[-1]]
+    else:
+        names = [MODEL_FILE] if model_only else list(info.manifest.files)
     out = {}
     for fname in names:
         if fname not in info.manifest.files:

@@ -11,3 +11,11 @@ class CheckpointError(ShimError):
 
 class ConfigError(ShimError):
     """`init()` was given arguments that cannot work (bad run dir, bad option)."""
+
+
+class CollectiveTimeout(ShimError):
+    """A shim barrier/collective of a multi-rank run did not complete in time (a rank is stuck or gone)."""
+
+
+class WorldSizeMismatch(ShimError):
+    """The checkpoint was written by a different number of ranks (resharding is not supported)."""

@@ -20,7 +20,7 @@ import torch
 
 from . import checkpoint as ckpt
 from . import data, rng, rotation, rundir, signals
-from .errors import CheckpointError, ConfigError
+from .errors import CheckpointError, CollectiveTimeout, ConfigError, WorldSizeMismatch
 from .heartbeat import Heartbeat
 from .rundir import CheckpointKind, Phase
 
@@ -89,6 +89,7 @@ class Run:
         min_free_bytes: Optional[int] = None,
         heartbeat_interval: float = 1.0,
         resume_emergency: bool = False,
+        collective_timeout: float = 300.0,
     ) -> None:
         if save_every_steps is not None and save_every_steps <= 0:
             raise ConfigError(f"save_every_steps must be positive, got {save_every_steps}")
@@ -101,6 +102,15 @@ class Run:
         except rundir.ContractError as e:
             raise ConfigError(str(e)) from e
         self.rank = _env_int("RANK", 0)
+        self.world_size = _env_int("WORLD_SIZE", 1)
+        self._dist: Any = None  # distributed.Dist when WORLD_SIZE > 1; None keeps the single-process path
+        if self.world_size > 1:
+            from . import distributed
+
+            if distributed.active_world_size() != self.world_size:
+                raise ConfigError(f"WORLD_SIZE={self.world_size} but torch.distributed is not initialised with that "
+                                  "world size; call torch.distributed.init_process_group() before trainer_shim.init()")
+            self._dist = distributed.Dist(collective_timeout)
         self.attempt = _env_int(rundir.ENV_ATTEMPT, 1)
         # The first beat goes out before any restore work, so a slow restore is visibly "starting".
         self._hb = Heartbeat(self.rd.heartbeat(self.rank), rank=self.rank, attempt=self.attempt,
@@ -150,13 +160,18 @@ class Run:
         if optimizer is not None and hasattr(optimizer, "register_step_post_hook"):
             optimizer.register_step_post_hook(self._on_optimizer_step)
 
-        for d in self.search_dirs:
-            for t in rundir.tmp_dirs(d):  # abandoned writes of a killed attempt
-                shutil.rmtree(t, ignore_errors=True)
+        if self.rank == 0:
+            for d in self.search_dirs:
+                for t in rundir.tmp_dirs(d):  # abandoned writes of a killed attempt
+                    shutil.rmtree(t, ignore_errors=True)
         self.git_commit, self.git_dirty = git_info(script.parent if script else None)
 
         self.last_failure: Optional[str] = os.environ.get(rundir.ENV_LAST_FAILURE) or None
-        self._restore()
+        if self._dist is not None:
+            self._dist.barrier("startup barrier")  # rank 0 has cleaned up before anyone saves
+            self._restore_dist()
+        else:
+            self._restore()
         # Second "starting" beat: the supervisor learns what was actually restored (after any fallback).
         self._hb.write_now(step=self.global_step, epoch=self.epoch, loss=self.loss,
                            resumed_from=self.resumed_from, checkpoint_step=self.checkpoint_step)
@@ -246,10 +261,14 @@ class Run:
             f["phase"] = "training"
             self._hb.request()
         every = self.save_every_steps
-        if (every and self.global_step % every == 0) or (
-                self.save_every_seconds is not None and now - self._last_save_t >= self.save_every_seconds):
+        timed = self.save_every_seconds is not None and now - self._last_save_t >= self.save_every_seconds
+        stop = self._stop.requested
+        if self._dist is not None:
+            # Every rank must save, and stop, at the same step: one MAX all-reduce of both flags.
+            stop, timed = self._dist.agree(stop, timed)
+        if (every and self.global_step % every == 0) or timed:
             self._save(CheckpointKind.STEP)
-        if self._stop.requested:
+        if stop:
             self._preempt()
 
     def heartbeat(self) -> None:
@@ -259,7 +278,7 @@ class Run:
             self._hb_last = now
             self._hb.fields.update(step=self.global_step, epoch=self.epoch, loss=self.loss, phase="training")
             self._hb.request()
-        if self._stop.requested:
+        if self._stop.requested and self._dist is None:  # multi-rank: the stop is agreed at run.step()
             self._preempt()
 
     def save(self) -> Optional[Path]:
@@ -292,7 +311,10 @@ class Run:
         self._hb.fields["epoch"] = self.epoch
         if self.save_on_epoch_end:
             self._save(CheckpointKind.EPOCH)
-        if self._stop.requested:
+        stop = self._stop.requested
+        if self._dist is not None:
+            stop, _ = self._dist.agree(stop, False)
+        if stop:
             self._preempt()
 
     def _resumed_iter(self, loader: Any, resume: dict) -> Iterator:
@@ -344,9 +366,10 @@ class Run:
     def _snapshot(self, kind: CheckpointKind, exact: bool) -> ckpt.Snapshot:
         """Collect state (CPU tensors by reference, device tensors copied); the write is synchronous."""
         files: dict[str, Any] = {}
-        if self.model is not None:
+        # Multi-rank: model/optimizer from rank 0 only (DDP replicas are identical).
+        if self.model is not None and self.rank == 0:
             files[ckpt.MODEL_FILE] = ckpt.to_cpu(self.model.state_dict())
-        if self.optimizer is not None:
+        if self.optimizer is not None and self.rank == 0:
             files[ckpt.OPTIMIZER_FILE] = ckpt.to_cpu(self.optimizer.state_dict())
         stream = self._stream_loader  # kept across epochs: a stateful loader's state matters at epoch ends too
         trainer = {
@@ -361,11 +384,13 @@ class Run:
             "epoch_rng": self._epoch_rng if self.batch_in_epoch > 0 else None,
             "loader_state": stream.state_dict() if stream is not None and data.is_stateful(stream) else None,
         }
-        files[ckpt.TRAINER_FILE] = ckpt.to_cpu(trainer)
+        files[ckpt.TRAINER_FILE if self._dist is None else ckpt.rank_file(self.rank)] = ckpt.to_cpu(trainer)
         return ckpt.Snapshot(files, self.global_step, self.epoch, self.batch_in_epoch, kind, self.loss, exact)
 
     def _save(self, kind: CheckpointKind, exact: bool = True) -> Optional[Path]:
         """Save at the current step unless it already has a checkpoint; storage failures never raise."""
+        if self._dist is not None:
+            return self._save_dist(kind)
         self._last_save_t = time.monotonic()
         existing = self._existing(self.global_step)
         if existing is not None and exact and self._inexact(existing):
@@ -402,6 +427,101 @@ class Run:
                 self._rotate()
                 return path
             return None
+        finally:
+            self._last_save_t = time.monotonic()
+            self._hb.end_save(checkpoint_step=self.checkpoint_step)
+
+    def _save_dist(self, kind: CheckpointKind) -> Optional[Path]:
+        """The multi-rank commit protocol; every rank calls it at the same step.
+
+        rank 0 picks the root and creates `.tmp-step-N`; every rank writes its members there
+        (rank 0: model, optimizer, rank-0.pt; rank R: rank-R.pt); rank 0 gathers every rank's
+        {file: (size, digest)}, writes MANIFEST.json listing them all, renames, repoints latest
+        and broadcasts the outcome. A storage failure on any rank fails the save everywhere
+        (checkpoint_failed) and training continues; a collective timeout ends the process.
+        """
+        d = self._dist
+        self._last_save_t = time.monotonic()
+        step = self.global_step
+        decision: Any = None
+        if self.rank == 0:
+            existing = self._existing(step)
+            if existing is not None:
+                self._upgrade_kind(existing, kind)
+                decision = ("exists", str(existing))
+            else:
+                decision = ("none", None)
+                name = rundir.checkpoint_name(step)
+                probe = ckpt.Snapshot({}, step, self.epoch, self.batch_in_epoch, kind, self.loss)
+                for root in self.search_dirs:
+                    if not self._ensure_space(root, probe):
+                        continue
+                    tmp = root / f"{rundir.TMP_PREFIX}{name}"
+                    try:
+                        root.mkdir(mode=rundir.RUN_DIR_MODE, parents=True, exist_ok=True)
+                        if tmp.exists():
+                            shutil.rmtree(tmp)
+                        tmp.mkdir(mode=rundir.RUN_DIR_MODE)
+                    except OSError as e:
+                        self._failed(root, f"cannot create {tmp}: {e.strerror or e}")
+                        continue
+                    decision = ("write", str(tmp))
+                    break
+        snap = self._snapshot(kind, True)
+        self._hb.fields.update(step=step, epoch=self.epoch, loss=self.loss)
+        self._hb.begin_save()
+        try:
+            try:
+                d.barrier(f"checkpoint barrier at step {step}")
+                decision = d.broadcast(decision, "checkpoint decision")
+                if decision[0] == "exists":
+                    return Path(decision[1])
+                if decision[0] != "write":
+                    return None
+                tmp = Path(decision[1])
+                mine: dict[str, tuple[int, str]] = {}
+                err: Optional[str] = None
+                written = 0
+                try:
+                    for fname, obj in snap.files.items():
+                        base = written
+                        mine[fname] = ckpt.write_member(tmp, fname, obj, lambda n: self._on_progress(base + n))
+                        written += mine[fname][0]
+                except (OSError, RuntimeError) as e:
+                    err = f"rank {self.rank}: {type(e).__name__}: {e}"
+                reports = d.all_gather((mine, err), "checkpoint file reports")
+                outcome: Any = None
+                if self.rank == 0:
+                    errs = [e for _, e in reports if e]
+                    files: dict[str, tuple[int, str]] = {}
+                    for m, _ in reports:
+                        files.update(m)
+                    if errs:
+                        shutil.rmtree(tmp, ignore_errors=True)
+                        outcome = ("failed", "; ".join(errs))
+                    else:
+                        try:
+                            final, manifest = ckpt.commit_members(
+                                tmp.parent, tmp, snap, files, world_size=d.world_size,
+                                meta={"git_commit": self.git_commit, "git_dirty": self.git_dirty})
+                            outcome = ("ok", str(final), sum(sz for sz, _ in files.values()))
+                            self._index_add(final, manifest)
+                            self._rotate()
+                        except CheckpointError as e:
+                            outcome = ("failed", str(e))
+                    if outcome[0] == "failed":
+                        self._failed(tmp.parent, outcome[1])
+                outcome = d.broadcast(outcome, "checkpoint outcome")
+            except CollectiveTimeout as e:
+                if self.rank == 0:
+                    self._failed(self.rd.checkpoints, str(e))
+                _say(f"error: {e}; exiting (the supervisor resumes from the newest complete checkpoint)")
+                raise
+            if outcome[0] != "ok":
+                return None
+            self._last_size = outcome[2]
+            self.checkpoint_step = self._committed_step = step
+            return Path(outcome[1])
         finally:
             self._last_save_t = time.monotonic()
             self._hb.end_save(checkpoint_step=self.checkpoint_step)
@@ -554,6 +674,8 @@ class Run:
                            loss=self.loss, checkpoint_step=self.checkpoint_step)
         _say(f"stop requested (signal {self._stop.signum}); checkpoint at step {self.global_step}; "
              f"exiting {rundir.EXIT_PREEMPTED}")
+        if self._dist is not None:
+            self._dist.destroy()
         sys.exit(rundir.EXIT_PREEMPTED)
 
     def _on_exception(self, tp: type, value: BaseException, tb: Optional[TracebackType]) -> None:
@@ -561,10 +683,14 @@ class Run:
                "traceback": "".join(traceback.format_exception(tp, value, tb)),
                "step": self.global_step, "time": rundir.now_iso()}
         try:
-            rundir.atomic_write_json(self.rd.error_file(self.attempt), rec)
+            rundir.atomic_write_json(self.rd.error_file(self.attempt, self.rank), rec)
         except OSError as e:
-            _say(f"warning: cannot write {self.rd.error_file(self.attempt)}: {e}")
+            _say(f"warning: cannot write {self.rd.error_file(self.attempt, self.rank)}: {e}")
         if self._finished:
+            return
+        if self._dist is not None:
+            # The other ranks are not in this save's collectives: an emergency checkpoint cannot commit.
+            _say("no emergency checkpoint: multi-rank runs save only at steps all ranks agree on")
             return
         if self.optimizer is None:
             _say("no emergency checkpoint: without an optimizer the shim cannot tell whether the weights match the step")
@@ -596,6 +722,8 @@ class Run:
             try:
                 self._apply(path)
                 return
+            except WorldSizeMismatch as e:
+                self._world_size_refused(path, e)
             except CheckpointError as e:
                 self._reject(path, str(e))
                 below = rundir.parse_checkpoint_name(path.name)
@@ -608,14 +736,78 @@ class Run:
             try:
                 self._apply(info.path)
                 return
+            except WorldSizeMismatch as e:
+                self._world_size_refused(info.path, e)
             except CheckpointError as e:
                 self._reject(info.path, str(e))
                 below = info.step
 
+    def _world_size_refused(self, path: Path, e: Exception) -> None:
+        msg = f"cannot resume from {path}: {e}"
+        _say(f"error: {msg}")
+        if self.rank == 0:
+            self._event("checkpoint_rejected", path=str(path), reason=str(e))
+        if self._dist is not None:
+            self._dist.destroy()
+        raise SystemExit(2)  # a configuration problem: retrying cannot help
+
+    def _restore_dist(self) -> None:
+        """rank 0 chooses (the supervisor's pick, else the newest valid), broadcasts, every rank loads it;
+        a checkpoint any rank cannot apply is rejected and the next older one tried, on all ranks."""
+        d = self._dist
+        requested = os.environ.get(rundir.ENV_RESUME_FROM)
+        if requested == rundir.RESUME_NONE:
+            if self.rank == 0:
+                _say(f"starting fresh in {self.rd.root} (supervisor: no valid checkpoint)")
+            return
+        below: Optional[int] = None
+        first = True
+        while True:
+            cand: Optional[str] = None
+            if self.rank == 0:
+                if first and requested:
+                    cand = requested
+                else:
+                    info = rundir.newest_valid(self.search_dirs, below_step=below, on_reject=self._reject)
+                    cand = str(info.path) if info else None
+            first = False
+            cand = d.broadcast(cand, "checkpoint choice")
+            if cand is None:
+                if self.rank == 0:
+                    _say(f"starting fresh in {self.rd.root}")
+                return
+            err: Optional[str] = None
+            try:
+                self._apply(Path(cand))
+            except WorldSizeMismatch as e:
+                self._world_size_refused(Path(cand), e)
+            except CheckpointError as e:
+                err = str(e)
+            errs = [(r, e) for r, e in enumerate(d.all_gather(err, "restore outcome")) if e]
+            if not errs:
+                return
+            if self.rank == 0:
+                self._reject(Path(cand), "; ".join(f"rank {r}: {e}" for r, e in errs))
+            self.resumed_from = None
+            below = rundir.parse_checkpoint_name(Path(cand).name)
+
     def _apply(self, path: Path) -> None:
-        info, files = ckpt.read_checkpoint(path)
+        try:
+            head = rundir.inspect_checkpoint(path)
+        except rundir.InvalidCheckpoint as e:
+            raise CheckpointError(e.reason) from e
+        if head.manifest.world_size != self.world_size:
+            raise WorldSizeMismatch(
+                f"it was written by {head.manifest.world_size} rank(s), this run has {self.world_size}; "
+                "resharding is not supported: run with the same number of ranks")
+        if self._dist is None:
+            info, files = ckpt.read_checkpoint(path)
+            tr = files.get(ckpt.TRAINER_FILE)
+        else:
+            mine = ckpt.rank_file(self.rank)
+            info, files = ckpt.read_checkpoint(path, names=[ckpt.MODEL_FILE, ckpt.OPTIMIZER_FILE, mine])
+            tr = files.get(mine)
         m = info.manifest
-        tr = files.get(ckpt.TRAINER_FILE)
         if not isinstance(tr, dict) or "rng" not in tr:
             raise CheckpointError(f"{ckpt.TRAINER_FILE} lacks trainer state")
         if self.model is not None:

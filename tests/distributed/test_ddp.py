@@ -1,0 +1,165 @@
+"""Distributed jobs: real 2-rank torchrun (CPU, gloo) under the real supervisor.
+
+Each fault test compares every rank's final weights bitwise with an uninterrupted 2-rank run.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from supervisor.config import build_config
+from supervisor.errors import ConfigError
+from supervisor.launch import parse_torchrun_failure, torchrun_command
+from tests.conftest import JOBS
+from tests.supervisor.helpers import (alive, ended_kinds, events, heartbeat, kill_group, run_cli, start_cli,
+                                      sup_env, supervisor_state, wait_until)
+from trainer_shim import rundir
+
+DDP_JOB = str(JOBS / "ddp_train.py")
+FAST = ["--backoff", "0", "--heartbeat-timeout", "5", "--grace-period", "20"]
+
+
+def ddp_run(tmp: Path, name: str, *job_args: str, faults: str = "", extra: tuple[str, ...] = (), timeout: float = 150):
+    (tmp / name).mkdir(parents=True, exist_ok=True)
+    rd, out = tmp / name / "run", tmp / name / "out"
+    p = run_cli("--nproc-per-node", "2", "--run-dir", str(rd), *FAST, *extra, DDP_JOB, "--out-dir", str(out), *job_args,
+                env=sup_env(DDP_FAULTS=faults), timeout=timeout)
+    return p, rd, out
+
+
+def assert_same_weights(out: Path, ref: Path) -> None:
+    for r in (0, 1):
+        a = torch.load(ref / f"final-rank-{r}.pt", weights_only=True)
+        b = torch.load(out / f"final-rank-{r}.pt", weights_only=True)
+        assert a.keys() == b.keys()
+        for k in a:
+            assert torch.equal(a[k], b[k]), f"rank {r} {k} differs from the uninterrupted run"
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> Path:
+    """The uninterrupted 2-rank run every fault test must reproduce bit for bit."""
+    tmp = tmp_path_factory.mktemp("ddp-ref")
+    p, rd, out = ddp_run(tmp, "ref")
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert ended_kinds(rd) == ["success"]
+    return tmp / "ref"
+
+
+# --- launch command and evidence (no processes) -------------------------------------------------
+
+
+def test_launch_command_single_and_multi_node():
+    c = build_config({}, {"script": "train.py", "args": ["--lr", "1"], "nproc_per_node": 4, "run_dir": "runs/exp1"})
+    assert c.command == (sys.executable, "-m", "torch.distributed.run", "--max-restarts", "0", "--nproc-per-node", "4",
+                         "--standalone", "train.py", "--lr", "1")
+    multi = torchrun_command("t.py", [], nproc_per_node=2, nnodes=2, node_rank=1, rdzv_endpoint="head:29500", rdzv_id="exp1")
+    assert multi[5:] == ("--nproc-per-node", "2", "--nnodes", "2", "--node-rank", "1", "--rdzv-backend", "c10d",
+                         "--rdzv-endpoint", "head:29500", "--rdzv-id", "exp1", "t.py")
+    with pytest.raises(ConfigError, match="rdzv_endpoint"):
+        torchrun_command("t.py", [], nproc_per_node=2, nnodes=2, node_rank=0)
+    with pytest.raises(ConfigError, match="node_rank 2 must be below"):
+        torchrun_command("t.py", [], nproc_per_node=2, nnodes=2, node_rank=2, rdzv_endpoint="h:1")
+    # No nproc_per_node: the single-process command is exactly what it always was.
+    assert build_config({}, {"script": "train.py"}).command == (sys.executable, "train.py")
+
+
+def test_torchrun_failure_summary_root_cause_first():
+    tail = ["Failures:", "[1]:", "  rank      : 0 (local_rank: 0)", "  exitcode  : -15 (pid: 11)  (SIGTERM)",
+            "Root Cause (first observed failure):", "[0]:", "  rank      : 1 (local_rank: 1)",
+            "  exitcode  : -9 (pid: 12)  (SIGKILL)"]
+    assert parse_torchrun_failure(tail) == ["rank 1 (pid 12) killed by SIGKILL", "rank 0 (pid 11) killed by SIGTERM"]
+
+
+# --- real 2-rank runs ------------------------------------------------------------------------------
+
+
+def test_checkpoint_lists_every_rank_and_is_invalid_without_one(reference: Path, tmp_path: Path):
+    ck = rundir.newest_valid([reference / "run" / "checkpoints"])
+    assert ck is not None and ck.manifest.world_size == 2
+    assert set(ck.manifest.files) == {"model.pt", "optimizer.pt", "rank-0.pt", "rank-1.pt"}
+    broken = tmp_path / "checkpoints"
+    shutil.copytree(ck.path, broken / ck.path.name)
+    (broken / ck.path.name / "rank-1.pt").unlink()
+    with pytest.raises(rundir.InvalidCheckpoint, match="rank-1.pt is missing"):
+        rundir.inspect_checkpoint(broken / ck.path.name)
+
+
+def test_sigkill_of_either_rank_over_attempts_is_bit_exact(reference: Path, tmp_path: Path):
+    # rank 1 before the first save's successor, rank 0 just after a save, rank 1 mid-epoch 2.
+    p, rd, out = ddp_run(tmp_path, "kills", faults="1:kill@6:1,2:kill@13:0,3:kill@18:1")
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert ended_kinds(rd) == ["signal", "signal", "signal", "success"]
+    ev = [e["evidence"] for e in events(rd, "attempt_ended")]
+    assert ev[0].startswith("exit code 1; rank 1 (pid ") and "killed by SIGKILL" in ev[0].split(",")[0]
+    assert ev[1].startswith("exit code 1; rank 0 (pid ") and "killed by SIGKILL" in ev[1].split(",")[0]
+    assert [e["resume_from"] for e in events(rd, "attempt_started")][1:] == [
+        str(rd.resolve() / "checkpoints" / rundir.checkpoint_name(s)) for s in (4, 12, 16)]
+    assert_same_weights(out, reference / "out")
+
+
+def test_hung_rank_is_named_both_stacks_dumped_and_resume_is_exact(reference: Path, tmp_path: Path):
+    # rank 1 sleeps before its run.step(10) (outside any collective); rank 0 blocks in the
+    # step's flag all-reduce, so rank 1's heartbeat is the one that stops first.
+    p, rd, out = ddp_run(tmp_path, "hang", "--heartbeat-interval", "0.01", "--step-sleep", "0.2",
+                         faults="1:hang_pre@10:1")
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert ended_kinds(rd) == ["hang", "success"]
+    first = events(rd, "attempt_ended")[0]
+    assert first["evidence"].startswith("rank 1 heartbeat unchanged"), first["evidence"]
+    start = events(rd, "attempt_started")[0]
+    pids = {int(f.name[len("stacks-"):-4]) for f in (rd / "logs").glob("stacks-*.txt") if f.stat().st_size > 0}
+    assert len(pids) == 2, pids  # both ranks of attempt 1 (later attempts never got SIGUSR1)
+    assert all(not alive(pid) for pid in pids) and not alive(start["pid"])
+    texts = [(rd / "logs" / f"stacks-{pid}.txt").read_text() for pid in pids]
+    assert any("ddp_train.py" in t and "in inject" in t for t in texts)  # the sleeping rank
+    assert any("all_reduce" in t or "distributed" in t for t in texts)  # the blocked one
+    assert_same_weights(out, reference / "out")
+
+
+def test_sigterm_to_supervisor_saves_all_ranks_at_one_step_and_rerun_is_exact(reference: Path, tmp_path: Path):
+    (tmp_path / "stop").mkdir()
+    rd, out = tmp_path / "stop" / "run", tmp_path / "stop" / "out"
+    args = ("--nproc-per-node", "2", "--run-dir", str(rd), *FAST, DDP_JOB, "--out-dir", str(out))
+    sup = start_cli(*args[:-2], "--out-dir", str(out), "--step-sleep", "0.3")
+    try:
+        wait_until(lambda: (heartbeat(rd, 0) or {}).get("step", 0) >= 6 and (heartbeat(rd, 1) or {}).get("step", 0) >= 6,
+                   timeout=60, what="both ranks at step 6")
+        sup.send_signal(signal.SIGTERM)
+        sup.wait(60)
+    finally:
+        if sup.poll() is None:
+            kill_group(sup)
+    assert sup.returncode == 75, sup.stderr.read()[-3000:]
+    assert ended_kinds(rd) == ["preempted"]
+    hbs = [heartbeat(rd, r) for r in (0, 1)]
+    assert [h["phase"] for h in hbs] == ["stopping", "stopping"]
+    step = hbs[0]["checkpoint_step"]
+    assert step == hbs[1]["checkpoint_step"] == hbs[0]["step"] == hbs[1]["step"]
+    log = (rd / "logs" / "attempt-0001.log").read_text()
+    assert log.count(f"checkpoint at step {step}; exiting 75") == 2
+    ck = rundir.inspect_checkpoint(rd / "checkpoints" / rundir.checkpoint_name(step), full=True)
+    assert ck.manifest.world_size == 2  # kind preempt, or step when the stop fell on a save step
+    p = run_cli(*args, timeout=150)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert events(rd, "attempt_started")[-1]["resume_from"] == str(ck.path.resolve())
+    assert_same_weights(out, reference / "out")
+
+
+def test_world_size_mismatch_is_refused_in_one_line(reference: Path, tmp_path: Path):
+    rd = tmp_path / "run"
+    shutil.copytree(reference / "run", rd, ignore=shutil.ignore_patterns("supervisor.lock"))
+    p = run_cli("--nproc-per-node", "1", "--run-dir", str(rd), *FAST, DDP_JOB, "--out-dir", str(tmp_path / "out"),
+                timeout=120)
+    assert p.returncode == 1, p.stderr[-3000:]
+    assert "written by 2 rank(s), this run has 1; resharding is not supported" in p.stderr
+    # torchrun exits 1, but the rank's own exit code 2 (configuration error) is what is not retried.
+    assert "exit code 2 is not retryable" in events(rd, "gave_up")[-1]["reason"]
+    assert len(events(rd, "attempt_started")) == len(events(reference / "run", "attempt_started")) + 1  # no retry
