@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,3 +30,16 @@ def child_env(**extra: str) -> dict[str, str]:
     env.setdefault("OMP_NUM_THREADS", "1")
     env.update(extra)
     return env
+
+
+@contextlib.contextmanager
+def mounted_tmpfs(path: Path, options: str) -> Iterator[Path]:
+    """A real tmpfs at `path` (e.g. options "size=600k,mode=0700") for real ENOSPC/EROFS; skips if mounting is not allowed."""
+    path.mkdir(parents=True, exist_ok=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root / CAP_SYS_ADMIN): {r.stderr.strip() or r.returncode}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)

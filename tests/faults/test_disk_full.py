@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import mounted_tmpfs
 from tests.supervisor.helpers import ended_kinds, events, run_cli, sup_env
 
 from .common import FAST, TOY, assert_bit_exact, assert_no_survivors, checkpoint_steps, reference, tmp_dirs, verify_cli
@@ -17,16 +17,8 @@ JOB = ("--hidden", "256", "--epochs", "2", "--samples", "96", "--batch-size", "8
 
 @pytest.fixture
 def small_fs(tmp_path):
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=600k,mode=0700", "tmpfs", str(mnt)],
-                       capture_output=True, text=True)
-    if p.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root / CAP_SYS_ADMIN): {p.stderr.strip()}")
-    try:
+    with mounted_tmpfs(tmp_path / "small", "size=600k,mode=0700") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def test_enospc_saves_fail_training_continues_and_nothing_partial_is_chosen(tmp_path, small_fs):

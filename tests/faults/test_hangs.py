@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from tests.supervisor.helpers import ended_kinds, events, heartbeat, kill_group, run_cli, start_cli, sup_env
+from tests.supervisor.helpers import ended_kinds, events, heartbeat, run_cli, sup_env
 
-from .common import FAST, TOY, assert_bit_exact, assert_no_survivors, reference
+from .common import TOY, assert_bit_exact, assert_no_survivors, reference
 
 JOB = ("--epochs", "2", "--samples", "96", "--batch-size", "8", "--save-every", "5")  # 24 steps
 

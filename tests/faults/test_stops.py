@@ -12,7 +12,7 @@ from tests.supervisor.helpers import (
     ended_kinds, events, heartbeat, kill_group, run_cli, start_cli, supervisor_state, wait_until,
 )
 
-from .common import FAST, TOY, assert_bit_exact, assert_no_survivors, job_processes, reference
+from .common import FAST, TOY, assert_bit_exact, assert_no_survivors, reference
 
 # 2 DataLoader workers, slow enough steps to stop it in the middle of an epoch.
 JOB = ("--epochs", "3", "--samples", "96", "--batch-size", "8", "--save-every", "5", "--num-workers", "2",

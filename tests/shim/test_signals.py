@@ -11,7 +11,7 @@ from pathlib import Path
 from trainer_shim import rundir
 from trainer_shim.heartbeat import Heartbeat
 
-from .helpers import assert_same_weights, kill_group, manifest, run_toy, shim_lines, start_toy
+from .helpers import assert_same_weights, kill_group, manifest, run_toy, start_toy
 
 
 def test_sigterm_loses_no_step_and_exits_75_sigusr1_dumps(run_dir: Path, refs) -> None:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
+from tests.conftest import mounted_tmpfs
 from trainer_shim import rundir
 
 from .helpers import assert_same_weights, events, run_toy, shim_lines
@@ -17,15 +17,8 @@ from .helpers import assert_same_weights, events, run_toy, shim_lines
 def tiny_ckpt_fs(run_dir: Path) -> Iterator[Path]:
     """run_dir/checkpoints on a 32 KiB tmpfs: smaller than one toy checkpoint (~60 KB)."""
     rundir.ensure_run_dir(run_dir)
-    mnt = run_dir / "checkpoints"
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32k,mode=0700", "tmpfs", str(mnt)],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs (needs root and mount privileges): {r.stderr.strip() or r.returncode}")
-    try:
+    with mounted_tmpfs(run_dir / "checkpoints", "size=32k,mode=0700") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
 def _no_invalid(ckpts: Path) -> None:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import mounted_tmpfs
 
 from .helpers import FAKE_JOB, run_cli
 
@@ -83,14 +84,7 @@ def test_bad_input_is_one_line_exit_2(case, tmp_path, guarded_run):
 
 
 def test_unwritable_run_dir(tmp_path):
-    ro = tmp_path / "ro"
-    ro.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(ro)], capture_output=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a read-only tmpfs here: {mounted.stderr.decode().strip()}")
-    try:
+    with mounted_tmpfs(tmp_path / "ro", "ro,size=1m") as ro:
         r = run_cli("--run-dir", str(ro / "run"), FAKE_JOB, cwd=tmp_path)
-        assert r.returncode == 2
-        assert r.stderr.count("\n") == 1 and "not writable" in r.stderr, r.stderr
-    finally:
-        subprocess.run(["umount", str(ro)])
+    assert r.returncode == 2
+    assert r.stderr.count("\n") == 1 and "not writable" in r.stderr, r.stderr
