@@ -153,6 +153,19 @@ def test_sigterm_to_supervisor_saves_all_ranks_at_one_step_and_rerun_is_exact(re
     assert_same_weights(out, reference / "out")
 
 
+def test_shim_collective_timeout_ends_the_attempt_instead_of_waiting_forever(reference: Path, tmp_path: Path):
+    # The heartbeat timeout is long here: only the shim's own collective timeout (3 s) can end it.
+    p, rd, out = ddp_run(tmp_path, "ctimeout", "--collective-timeout", "3", "--heartbeat-interval", "0.01",
+                         faults="1:hang_pre@10:1", extra=("--heartbeat-timeout", "120"))
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert ended_kinds(rd) == ["crash", "success"]
+    err = json.loads((rd / "errors" / "attempt-1.json").read_text())
+    assert err["type"] == "trainer_shim.errors.CollectiveTimeout" and "rank 0" in err["message"], err
+    ended = events(rd, "attempt_ended")[0]
+    assert "CollectiveTimeout" in ended["evidence"] and "rank 0" in ended["evidence"]
+    assert_same_weights(out, reference / "out")
+
+
 def test_world_size_mismatch_is_refused_in_one_line(reference: Path, tmp_path: Path):
     rd = tmp_path / "run"
     shutil.copytree(reference / "run", rd, ignore=shutil.ignore_patterns("supervisor.lock"))

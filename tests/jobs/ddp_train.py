@@ -68,6 +68,7 @@ def main() -> None:
     ap.add_argument("--out-dir", required=True)
     ap.add_argument("--run-dir", default=None)
     ap.add_argument("--heartbeat-interval", type=float, default=1.0)
+    ap.add_argument("--collective-timeout", type=float, default=60.0)
     args = ap.parse_args()
 
     dist.init_process_group("gloo")
@@ -91,7 +92,7 @@ def main() -> None:
     loss_fn = nn.BCEWithLogitsLoss()
 
     run = trainer_shim.init(model=model, optimizer=opt, scheduler=sched, run_dir=args.run_dir,
-                            save_every_steps=args.save_every, collective_timeout=60,
+                            save_every_steps=args.save_every, collective_timeout=args.collective_timeout,
                             heartbeat_interval=args.heartbeat_interval)
     for epoch in run.epochs(args.epochs):
         sampler.set_epoch(epoch)
