@@ -156,11 +156,12 @@ class Run:
         self._stop = signals.StopFlag()
         self._stop.install()
         signals.install_stack_dumps(self.rd.stacks_file(os.getpid()))
+        signals.tie_forked_children()
         signals.install_excepthook(self._on_exception)
         if optimizer is not None and hasattr(optimizer, "register_step_post_hook"):
             optimizer.register_step_post_hook(self._on_optimizer_step)
 
-        if self.rank == 0:
+        if self._dist is None or self.rank == 0:
             for d in self.search_dirs:
                 for t in rundir.tmp_dirs(d):  # abandoned writes of a killed attempt
                     shutil.rmtree(t, ignore_errors=True)
@@ -367,9 +368,10 @@ class Run:
         """Collect state (CPU tensors by reference, device tensors copied); the write is synchronous."""
         files: dict[str, Any] = {}
         # Multi-rank: model/optimizer from rank 0 only (DDP replicas are identical).
-        if self.model is not None and self.rank == 0:
+        lead = self._dist is None or self.rank == 0
+        if self.model is not None and lead:
             files[ckpt.MODEL_FILE] = ckpt.to_cpu(self.model.state_dict())
-        if self.optimizer is not None and self.rank == 0:
+        if self.optimizer is not None and lead:
             files[ckpt.OPTIMIZER_FILE] = ckpt.to_cpu(self.optimizer.state_dict())
         stream = self._stream_loader  # kept across epochs: a stateful loader's state matters at epoch ends too
         trainer = {
@@ -682,10 +684,11 @@ class Run:
         rec = {"type": signals.qualified_name(tp), "message": str(value),
                "traceback": "".join(traceback.format_exception(tp, value, tb)),
                "step": self.global_step, "time": rundir.now_iso()}
+        efile = self.rd.error_file(self.attempt, self.rank if self._dist is not None else 0)
         try:
-            rundir.atomic_write_json(self.rd.error_file(self.attempt, self.rank), rec)
+            rundir.atomic_write_json(efile, rec)
         except OSError as e:
-            _say(f"warning: cannot write {self.rd.error_file(self.attempt, self.rank)}: {e}")
+            _say(f"warning: cannot write {efile}: {e}")
         if self._finished:
             return
         if self._dist is not None:

@@ -105,11 +105,22 @@ def test_sigkill_of_either_rank_over_attempts_is_bit_exact(reference: Path, tmp_
     assert_same_weights(out, reference / "out")
 
 
+def test_exception_on_rank_1_is_its_error_file_and_named_in_the_evidence(reference: Path, tmp_path: Path):
+    p, rd, out = ddp_run(tmp_path, "raise", faults="1:raise@6:1")
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert ended_kinds(rd) == ["crash", "success"]
+    err = json.loads((rd / "errors" / "attempt-1-rank-1.json").read_text())
+    assert err["type"] == "RuntimeError" and err["message"] == "injected crash"
+    ev = events(rd, "attempt_ended")[0]["evidence"]
+    assert ev.startswith("exit code 1; rank 1 (pid ") and "rank 1 RuntimeError: injected crash" in ev, ev
+    assert_same_weights(out, reference / "out")
+
+
 def test_hung_rank_is_named_both_stacks_dumped_and_resume_is_exact(reference: Path, tmp_path: Path):
     # rank 1 sleeps before its run.step(10) (outside any collective); rank 0 blocks in the
     # step's flag all-reduce, so rank 1's heartbeat is the one that stops first.
     p, rd, out = ddp_run(tmp_path, "hang", "--heartbeat-interval", "0.01", "--step-sleep", "0.2",
-                         faults="1:hang_pre@10:1")
+                         faults="1:hang_pre@10:1", extra=("--grace-period", "5"))
     assert p.returncode == 0, p.stderr[-3000:]
     assert ended_kinds(rd) == ["hang", "success"]
     first = events(rd, "attempt_ended")[0]
