@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes
 import faulthandler
+import os
 import signal
 import sys
 import threading
@@ -51,6 +53,31 @@ def install_stack_dumps(path: Path) -> bool:
         return True
     except (OSError, RuntimeError, ValueError):
         return False
+
+
+_PR_SET_PDEATHSIG = 1
+_workers_hooked = False
+
+
+def _die_with_parent() -> None:
+    # PR_SET_PDEATHSIG fires when the forking *thread* exits: only children forked by the main
+    # thread (DataLoader workers, usually) are tied to us, so a helper thread's exit never kills
+    # a worker that is still needed.
+    if threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def tie_forked_children() -> None:
+    """Forked children (DataLoader workers) die with this process instead of lingering seconds
+    until torch's parent watchdog notices, holding memory, GPU handles and the output pipes."""
+    global _workers_hooked
+    if not _workers_hooked and hasattr(os, "register_at_fork") and sys.platform.startswith("linux"):
+        os.register_at_fork(after_in_child=_die_with_parent)
+        _workers_hooked = True
 
 
 def qualified_name(tp: type) -> str:

@@ -66,7 +66,7 @@ def test_sigkill_of_supervisor_takes_trainer_and_workers_down_and_rerun_recovers
     finally:
         kill_group(p)
     print(f"trainer and workers gone {gone_in:.2f}s after the supervisor's SIGKILL")
-    assert gone_in < 10, gone_in
+    assert gone_in < 3, gone_in  # workers die with the trainer (PDEATHSIG), not by torch's watchdog
     r = run_cli("--run-dir", str(run_dir), *FAST, TOY, *JOB, "--out", str(out), timeout=180)
     assert r.returncode == 0, r.stderr[-3000:]
     # The killed supervisor never wrote attempt 1's end; the rerun is attempt 2 and resumes.
