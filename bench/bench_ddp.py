@@ -9,7 +9,6 @@ rank-R.pt) vs the single-process write of the same state (ckpt.write_checkpoint)
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import tempfile

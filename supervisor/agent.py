@@ -149,7 +149,7 @@ class Supervisor:
             self._wake_r, self._wake_w = os.pipe()
             for fd in (self._wake_r, self._wake_w):
                 os.set_blocking(fd, False)
-            old_wakeup = signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
+            signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
                 old_handlers[sig] = signal.signal(sig, self._queue_signal)
             procs.protect_from_oom()

@@ -188,27 +188,33 @@ def write_checkpoint(
             torch_version=torch.__version__, python_version=sys.version.split()[0],
             git_commit=meta.get("git_commit"), git_dirty=meta.get("git_dirty"),
         )
-        # MANIFEST.json last: its presence is what makes the checkpoint complete.
-        # (No temp+rename inside tmp: the whole dir is invisible until its own rename below.)
-        fd = os.open(tmp / rundir.MANIFEST_NAME, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            data = (json.dumps(manifest.to_json(), indent=1, sort_keys=True) + "\n").encode()
-            while data:
-                data = data[os.write(fd, data):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        rundir.fsync_dir(tmp)
-        os.rename(tmp, final)
-        rundir.fsync_dir(rd_ckpts)
-        if snap.exact:  # `latest` names something resumable; an emergency save is not
-            rundir.repoint_latest(rd_ckpts, name)
+        _commit(tmp, final, manifest)
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(e, OSError):
             raise CheckpointError(f"cannot write {tmp}: {_describe(e)}") from e
         raise
     return final, manifest, written
+
+
+def _commit(tmp: Path, final: Path, manifest: Manifest) -> None:
+    """MANIFEST.json last (its presence makes the checkpoint complete), rename, repoint `latest`.
+
+    No temp+rename for the manifest inside tmp: the whole dir is invisible until its own rename.
+    """
+    fd = os.open(tmp / rundir.MANIFEST_NAME, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        data = (json.dumps(manifest.to_json(), indent=1, sort_keys=True) + "\n").encode()
+        while data:
+            data = data[os.write(fd, data):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    rundir.fsync_dir(tmp)
+    os.rename(tmp, final)
+    rundir.fsync_dir(final.parent)
+    if manifest.exact:  # `latest` names something resumable; an emergency save is not
+        rundir.repoint_latest(final.parent, final.name)
 
 
 def _describe(e: OSError) -> str:
@@ -260,19 +266,7 @@ def commit_members(ckpt_root: Path, tmp: Path, snap: Snapshot, files: dict[str, 
             torch_version=torch.__version__, python_version=sys.version.split()[0],
             git_commit=meta.get("git_commit"), git_dirty=meta.get("git_dirty"), world_size=world_size,
         )
-        fd = os.open(tmp / rundir.MANIFEST_NAME, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            data = (json.dumps(manifest.to_json(), indent=1, sort_keys=True) + "\n").encode()
-            while data:
-                data = data[os.write(fd, data):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        rundir.fsync_dir(tmp)
-        os.rename(tmp, final)
-        rundir.fsync_dir(rd_ckpts)
-        if snap.exact:
-            rundir.repoint_latest(rd_ckpts, name)
+        _commit(tmp, final, manifest)
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(e, OSError):

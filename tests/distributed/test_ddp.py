@@ -19,7 +19,7 @@ from supervisor.errors import ConfigError
 from supervisor.launch import parse_torchrun_failure, torchrun_command
 from tests.conftest import JOBS
 from tests.supervisor.helpers import (alive, ended_kinds, events, heartbeat, kill_group, run_cli, start_cli,
-                                      sup_env, supervisor_state, wait_until)
+                                      sup_env, wait_until)
 from trainer_shim import rundir
 
 DDP_JOB = str(JOBS / "ddp_train.py")

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import signal
 import sys
 import time
 from pathlib import Path
@@ -30,6 +29,9 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a checkout without install
 import trainer_shim  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from toy_train import inject  # noqa: E402  (the same fault actions as the single-process job)
+
 
 def parse_faults(spec: str, attempt: int, rank: int) -> dict[int, str]:
     out = {}
@@ -40,21 +42,6 @@ def parse_faults(spec: str, attempt: int, rank: int) -> dict[int, str]:
         if (who == "*" or int(who) == attempt) and (not on_rank or int(on_rank) == rank):
             out[int(step)] = action
     return out
-
-
-def inject(action: str) -> None:
-    sys.stdout.flush()
-    if action == "kill":
-        os.kill(os.getpid(), signal.SIGKILL)
-    elif action == "hang":
-        while True:
-            time.sleep(3600)
-    elif action == "raise":
-        raise RuntimeError("injected crash")
-    elif action == "sigterm":
-        os.kill(os.getpid(), signal.SIGTERM)
-    else:
-        raise SystemExit(f"ddp_train: unknown fault action {action!r}")
 
 
 def main() -> None:
