@@ -49,12 +49,30 @@ if not ENTRY_POINT.exists():
 MASKED = ("systemd-tmpfiles-setup.service", "systemd-tmpfiles-setup-dev.service",
           "systemd-tmpfiles-setup-dev-early.service", "systemd-tmpfiles-clean.timer",
           "systemd-journal-flush.service", "systemd-update-utmp.service", "systemd-update-utmp-runlevel.service")
-BOOT = " && ".join([
-    *(f"mount -t tmpfs tmpfs {d}" for d in ("/tmp", "/run", "/var/tmp", "/var/log", "/var/lib/systemd")),
-    "mkdir -p /run/systemd/system",
-    *(f"ln -s /dev/null /run/systemd/system/{u}" for u in MASKED),
-    f"exec {SYSTEMD} --system --unit=multi-user.target",
-])
+COVERED = ("/tmp", "/run", "/var/tmp", "/var/log", "/var/lib/systemd")
+
+
+# A checkout under /tmp or /var/tmp (CI's clone may be there) would vanish behind the unit's
+# PrivateTmp=; only then does the test turn it off. Production venvs live in /opt.
+PRIVATE_TMP_OFF = "PrivateTmp=no\n" if any(str(REPO).startswith(d + "/") for d in ("/tmp", "/var/tmp")) else ""
+
+
+def boot_script(hold: Path) -> str:
+    """The namespace's init script: private mounts, then systemd as PID 1.
+
+    The checkout (and its .venv) may itself live under a covered dir, e.g. CI's clone in /tmp:
+    it is bind-mounted to `hold` first and back to its own path over the fresh tmpfs.
+    """
+    repo = str(REPO)
+    covered = any(repo == d or repo.startswith(d + "/") for d in COVERED)
+    return " && ".join([
+        *([f"mount --bind {repo} {hold}"] if covered else []),
+        *(f"mount -t tmpfs tmpfs {d}" for d in COVERED),
+        *([f"mkdir -p {repo}", f"mount --bind {hold} {repo}"] if covered else []),
+        "mkdir -p /run/systemd/system",
+        *(f"ln -s /dev/null /run/systemd/system/{u}" for u in MASKED),
+        f"exec {SYSTEMD} --system --unit=multi-user.target",
+    ])
 
 
 class Namespace:
@@ -113,9 +131,11 @@ def ns() -> Iterator[Namespace]:
     # A file, not a pipe: nobody reads systemd's console output while it runs, and a full pipe
     # would block PID 1.
     console = tempfile.TemporaryFile()
+    hold = Path("/var/lib") / f"resilient-run-test-hold-{uuid.uuid4().hex[:8]}"
+    hold.mkdir(mode=0o700)
     p = subprocess.Popen(
         ["unshare", "--pid", "--fork", "--mount", "--propagation", "private", "--mount-proc", "--net",
-         "sh", "-c", BOOT],
+         "sh", "-c", boot_script(hold)],
         env={**os.environ, "container": "x"}, stdin=subprocess.DEVNULL,
         stdout=console, stderr=subprocess.STDOUT, start_new_session=True,
     )
@@ -140,6 +160,7 @@ def ns() -> Iterator[Namespace]:
         p.kill()
         p.wait(10)
         console.close()
+        hold.rmdir()  # only ever a mount point inside the namespace, so it is empty here
 
 
 @pytest.fixture(scope="module")
@@ -190,7 +211,7 @@ WatchdogSec=3s
 RestartSec=1
 LimitCORE=0
 Environment=OMP_NUM_THREADS=1
-""")
+{PRIVATE_TMP_OFF}""")
     ns.systemctl("daemon-reload")
     return RunDir(job / "run")
 
