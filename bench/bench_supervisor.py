@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import statistics
@@ -57,13 +58,14 @@ def hang_bound(work: Path) -> tuple[float, float]:
     last_change, last = None, None
     while p.poll() is None:
         try:
-            st = hb.stat().st_mtime_ns
-        except OSError:
-            st = None
-        if st != last:
-            last, last_change = st, time.monotonic()
+            rec = json.loads(hb.read_text())
+        except (OSError, ValueError):
+            rec = None
+        # Only attempt 1's beats count: the supervisor removes them before attempt 2 starts.
+        if rec is not None and rec.get("attempt") == 1 and rec.get("seq") != last:
+            last, last_change = rec.get("seq"), time.monotonic()
         ev = work / "run" / "events.jsonl"
-        if ev.exists() and '"attempt_ended"' in ev.read_text():
+        if last_change is not None and ev.exists() and '"attempt_ended"' in ev.read_text():
             took = time.monotonic() - last_change
             p.wait(120)
             return took, hb_timeout + 2 + grace + 1
