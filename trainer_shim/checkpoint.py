@@ -182,12 +182,7 @@ def write_checkpoint(
             base = written
             entries[fname] = _write_file(tmp / fname, obj, lambda n: progress(base + n))
             written += entries[fname].size
-        manifest = Manifest(
-            global_step=snap.global_step, epoch=snap.epoch, batch_in_epoch=snap.batch_in_epoch,
-            kind=snap.kind, loss=snap.loss, created_at=rundir.now_iso(), files=entries, exact=snap.exact,
-            torch_version=torch.__version__, python_version=sys.version.split()[0],
-            git_commit=meta.get("git_commit"), git_dirty=meta.get("git_dirty"),
-        )
+        manifest = _manifest(snap, entries, meta)
         _commit(tmp, final, manifest)
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -195,6 +190,15 @@ def write_checkpoint(
             raise CheckpointError(f"cannot write {tmp}: {_describe(e)}") from e
         raise
     return final, manifest, written
+
+
+def _manifest(snap: Snapshot, files: dict[str, FileEntry], meta: dict[str, Any], world_size: int = 1) -> Manifest:
+    return Manifest(
+        global_step=snap.global_step, epoch=snap.epoch, batch_in_epoch=snap.batch_in_epoch,
+        kind=snap.kind, loss=snap.loss, created_at=rundir.now_iso(), files=files, exact=snap.exact,
+        torch_version=torch.__version__, python_version=sys.version.split()[0],
+        git_commit=meta.get("git_commit"), git_dirty=meta.get("git_dirty"), world_size=world_size,
+    )
 
 
 def _commit(tmp: Path, final: Path, manifest: Manifest) -> None:
@@ -260,12 +264,7 @@ def commit_members(ckpt_root: Path, tmp: Path, snap: Snapshot, files: dict[str, 
             if (tmp / fname).stat().st_size != size:
                 raise CheckpointError(f"{tmp / fname} has not the size its rank reported")
         entries = {f: FileEntry(size, dig) for f, (size, dig) in sorted(files.items())}
-        manifest = Manifest(
-            global_step=snap.global_step, epoch=snap.epoch, batch_in_epoch=snap.batch_in_epoch,
-            kind=snap.kind, loss=snap.loss, created_at=rundir.now_iso(), files=entries, exact=snap.exact,
-            torch_version=torch.__version__, python_version=sys.version.split()[0],
-            git_commit=meta.get("git_commit"), git_dirty=meta.get("git_dirty"), world_size=world_size,
-        )
+        manifest = _manifest(snap, entries, meta, world_size)
         _commit(tmp, final, manifest)
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
