@@ -73,6 +73,7 @@ class Snapshot:
     kind: CheckpointKind
     loss: Optional[float]
     exact: bool = True
+    sharded: bool = False  # model/optimizer go through DCP (sharded.save), not into `files`
 
     def tensor_bytes(self) -> int:
         """Rough payload size (tensor bytes), used to estimate free space needs."""
@@ -159,8 +160,11 @@ def write_checkpoint(
     *,
     meta: dict[str, Any],
     progress: Callable[[int], None] = lambda n: None,
+    shards: Optional[Callable[[Path], dict[str, FileEntry]]] = None,
 ) -> tuple[Path, Manifest, int]:
     """Write `snap` into ckpt_root/.tmp-step-N, commit it as step-N and repoint `latest`.
+
+    `shards(tmp)`, when given, writes the sharded (DCP) members and returns their entries.
 
     Returns (committed dir, manifest, bytes written). On any failure the tmp dir is removed
     and CheckpointError is raised; a committed dir is never overwritten.
@@ -182,6 +186,10 @@ def write_checkpoint(
             base = written
             entries[fname] = _write_file(tmp / fname, obj, lambda n: progress(base + n))
             written += entries[fname].size
+        if shards is not None:
+            for fname, ent in shards(tmp).items():
+                entries[fname] = ent
+                written += ent.size
         manifest = _manifest(snap, entries, meta)
         _commit(tmp, final, manifest)
     except BaseException as e:
@@ -198,6 +206,7 @@ def _manifest(snap: Snapshot, files: dict[str, FileEntry], meta: dict[str, Any],
         kind=snap.kind, loss=snap.loss, created_at=rundir.now_iso(), files=files, exact=snap.exact,
         torch_version=torch.__version__, python_version=sys.version.split()[0],
         git_commit=meta.get("git_commit"), git_dirty=meta.get("git_dirty"), world_size=world_size,
+        sharded=snap.sharded,
     )
 
 
@@ -275,16 +284,19 @@ def commit_members(ckpt_root: Path, tmp: Path, snap: Snapshot, files: dict[str, 
 
 
 def read_checkpoint(ckpt_dir: Path, *, root: Optional[Path] = None, model_only: bool = False,
-                    names: Optional[list[str]] = None) -> tuple[rundir.CheckpointInfo, dict[str, Any]]:
-    """Fully verify digests, then load every member (or `names`) safely; CheckpointError with the reason."""
+                    names: Optional[list[str]] = None,
+                    verify: bool = True) -> tuple[rundir.CheckpointInfo, dict[str, Any]]:
+    """Verify digests (unless the caller just did), then load every member (or `names`) safely;
+    CheckpointError with the reason."""
     try:
-        info = rundir.inspect_checkpoint(Path(ckpt_dir), full=True, root=root)
+        info = rundir.inspect_checkpoint(Path(ckpt_dir), full=verify, root=root)
     except rundir.InvalidCheckpoint as e:
         raise CheckpointError(e.reason) from e
     if names is not None:
         names = [n for n in names if n in info.manifest.files or n == names[-1]]
     else:
-        names = [MODEL_FILE] if model_only else list(info.manifest.files)
+        # DCP members (sharded checkpoints) are read by sharded.load, not torch.load.
+        names = [MODEL_FILE] if model_only else [f for f in info.manifest.files if f.endswith(".pt")]
     out = {}
     for fname in names:
         if fname not in info.manifest.files:

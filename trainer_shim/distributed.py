@@ -36,7 +36,8 @@ class Dist:
         self.group = dist.new_group(backend="gloo", timeout=td)
         self._flags = torch.zeros(2, dtype=torch.int32)
 
-    def _guard(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    def guard(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """fn(*args, **kwargs), a collective on this group; its failure becomes CollectiveTimeout."""
         try:
             return fn(*args, **kwargs)
         except RuntimeError as e:  # gloo reports timeouts and lost peers as RuntimeError
@@ -44,18 +45,18 @@ class Dist:
             raise CollectiveTimeout(f"{what} failed on rank {self.rank} (timeout {self.timeout:g}s): {first}") from e
 
     def barrier(self, what: str) -> None:
-        self._guard(what, dist.monitored_barrier, group=self.group,
+        self.guard(what, dist.monitored_barrier, group=self.group,
                     timeout=datetime.timedelta(seconds=self.timeout), wait_all_ranks=True)
 
     def broadcast(self, obj: Any, what: str) -> Any:
         """rank 0's obj on every rank."""
         box = [obj]
-        self._guard(what, dist.broadcast_object_list, box, src=0, group=self.group)
+        self.guard(what, dist.broadcast_object_list, box, src=0, group=self.group)
         return box[0]
 
     def all_gather(self, obj: Any, what: str) -> list:
         out: list = [None] * self.world_size
-        self._guard(what, dist.all_gather_object, out, obj, group=self.group)
+        self.guard(what, dist.all_gather_object, out, obj, group=self.group)
         return out
 
     def agree(self, stop: bool, save: bool) -> tuple[bool, bool]:
@@ -63,7 +64,7 @@ class Dist:
         f = self._flags
         f[0] = int(stop)
         f[1] = int(save)
-        self._guard("stop/save flag all-reduce", dist.all_reduce, f, op=dist.ReduceOp.MAX, group=self.group)
+        self.guard("stop/save flag all-reduce", dist.all_reduce, f, op=dist.ReduceOp.MAX, group=self.group)
         return bool(f[0]), bool(f[1])
 
     def destroy(self) -> None:

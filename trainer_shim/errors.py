@@ -18,4 +18,4 @@ class CollectiveTimeout(ShimError):
 
 
 class WorldSizeMismatch(ShimError):
-    """The checkpoint was written by a different number of ranks (resharding is not supported)."""
+    """The checkpoint was written by a different number of ranks and cannot (or may not) be resharded."""

@@ -60,6 +60,13 @@ def git_info(directory: Optional[Path], timeout: float = 2.0) -> tuple[Optional[
     return commit, dirty
 
 
+def _sharded() -> Any:
+    """The DCP module, imported on first use (it costs ~0.6 s and only sharded runs need it)."""
+    from . import sharded
+
+    return sharded
+
+
 def _env_int(name: str, default: int) -> int:
     try:
         return int(os.environ.get(name, default))
@@ -90,6 +97,8 @@ class Run:
         heartbeat_interval: float = 1.0,
         resume_emergency: bool = False,
         collective_timeout: float = 300.0,
+        sharded: Optional[bool] = None,
+        allow_reshard: Optional[bool] = None,
     ) -> None:
         if save_every_steps is not None and save_every_steps <= 0:
             raise ConfigError(f"save_every_steps must be positive, got {save_every_steps}")
@@ -111,6 +120,15 @@ class Run:
                 raise ConfigError(f"WORLD_SIZE={self.world_size} but torch.distributed is not initialised with that "
                                   "world size; call torch.distributed.init_process_group() before trainer_shim.init()")
             self._dist = distributed.Dist(collective_timeout)
+        if sharded is None:  # FSDP2/DTensor state must not be gathered to go through torch.save
+            # No DTensor exists unless its module was imported: spare everyone else DCP's import.
+            sharded = "torch.distributed.tensor" in sys.modules and _sharded().uses_dtensor(model)
+        if sharded and model is None:
+            raise ConfigError("sharded=True needs a model (its state goes through torch.distributed.checkpoint)")
+        self.sharded = bool(sharded)
+        if allow_reshard is None:
+            allow_reshard = os.environ.get(rundir.ENV_ALLOW_RESHARD, "") not in ("", "0")
+        self.allow_reshard = bool(allow_reshard)
         self.attempt = _env_int(rundir.ENV_ATTEMPT, 1)
         # The first beat goes out before any restore work, so a slow restore is visibly "starting".
         self._hb = Heartbeat(self.rd.heartbeat(self.rank), rank=self.rank, attempt=self.attempt,
@@ -367,8 +385,9 @@ class Run:
     def _snapshot(self, kind: CheckpointKind, exact: bool) -> ckpt.Snapshot:
         """Collect state (CPU tensors by reference, device tensors copied); the write is synchronous."""
         files: dict[str, Any] = {}
-        # Multi-rank: model/optimizer from rank 0 only (DDP replicas are identical).
-        lead = self._dist is None or self.rank == 0
+        # Multi-rank: model/optimizer from rank 0 only (DDP replicas are identical); sharded:
+        # every rank's shards go through DCP in the write itself.
+        lead = (self._dist is None or self.rank == 0) and not self.sharded
         if self.model is not None and lead:
             files[ckpt.MODEL_FILE] = ckpt.to_cpu(self.model.state_dict())
         if self.optimizer is not None and lead:
@@ -387,7 +406,8 @@ class Run:
             "loader_state": stream.state_dict() if stream is not None and data.is_stateful(stream) else None,
         }
         files[ckpt.TRAINER_FILE if self._dist is None else ckpt.rank_file(self.rank)] = ckpt.to_cpu(trainer)
-        return ckpt.Snapshot(files, self.global_step, self.epoch, self.batch_in_epoch, kind, self.loss, exact)
+        return ckpt.Snapshot(files, self.global_step, self.epoch, self.batch_in_epoch, kind, self.loss, exact,
+                             sharded=self.sharded)
 
     def _save(self, kind: CheckpointKind, exact: bool = True) -> Optional[Path]:
         """Save at the current step unless it already has a checkpoint; storage failures never raise."""
@@ -418,7 +438,7 @@ class Run:
                 try:
                     path, manifest, nbytes = ckpt.write_checkpoint(
                         root, snap, meta={"git_commit": self.git_commit, "git_dirty": self.git_dirty},
-                        progress=self._on_progress)
+                        progress=self._on_progress, shards=self._write_shards if self.sharded else None)
                 except CheckpointError as e:
                     self._last_size = max(self._last_size, self._hb.save_bytes)
                     self._failed(root, str(e))
@@ -432,6 +452,11 @@ class Run:
         finally:
             self._last_save_t = time.monotonic()
             self._hb.end_save(checkpoint_step=self.checkpoint_step)
+
+    def _write_shards(self, tmp: Path) -> dict[str, rundir.FileEntry]:
+        """Single process: the DCP set of model and optimizer (no collectives)."""
+        files, _referenced = _sharded().save(tmp, self.model, self.optimizer, rank=0)
+        return files
 
     def _save_dist(self, kind: CheckpointKind) -> Optional[Path]:
         """The multi-rank commit protocol; every rank calls it at the same step.
@@ -491,6 +516,14 @@ class Run:
                         written += mine[fname][0]
                 except (OSError, RuntimeError) as e:
                     err = f"rank {self.rank}: {type(e).__name__}: {e}"
+                referenced: set[str] = set()
+                if self.sharded:  # collective: every rank takes part even after its own failure
+                    try:
+                        shards, referenced = d.guard("sharded checkpoint write", _sharded().save, tmp, self.model,
+                                                     self.optimizer, rank=self.rank, group=d.group)
+                        mine.update({f: (e.size, e.xxh3_128) for f, e in shards.items()})
+                    except (OSError, CheckpointError) as e:
+                        err = err or f"rank {self.rank}: {type(e).__name__}: {e}"
                 reports = d.all_gather((mine, err), "checkpoint file reports")
                 outcome: Any = None
                 if self.rank == 0:
@@ -498,6 +531,9 @@ class Run:
                     files: dict[str, tuple[int, str]] = {}
                     for m, _ in reports:
                         files.update(m)
+                    lost = sorted(referenced - set(files))
+                    if lost and not errs:  # DCP's metadata names shards no rank reported writing
+                        errs.append(f"shards missing from every rank's report: {', '.join(lost[:5])}")
                     if errs:
                         shutil.rmtree(tmp, ignore_errors=True)
                         outcome = ("failed", "; ".join(errs))
@@ -779,14 +815,16 @@ class Run:
                 if self.rank == 0:
                     _say(f"starting fresh in {self.rd.root}")
                 return
-            err: Optional[str] = None
-            try:
-                self._apply(Path(cand))
-            except WorldSizeMismatch as e:
-                self._world_size_refused(Path(cand), e)
-            except CheckpointError as e:
-                err = str(e)
-            errs = [(r, e) for r, e in enumerate(d.all_gather(err, "restore outcome")) if e]
+            err = self._verify_share(Path(cand))
+            errs = [(r, e) for r, e in enumerate(d.all_gather(err, "checkpoint verification")) if e]
+            if not errs:
+                try:
+                    self._apply(Path(cand), verify=False)
+                except WorldSizeMismatch as e:
+                    self._world_size_refused(Path(cand), e)
+                except CheckpointError as e:
+                    err = str(e)
+                errs = [(r, e) for r, e in enumerate(d.all_gather(err, "restore outcome")) if e]
             if not errs:
                 return
             if self.rank == 0:
@@ -794,26 +832,62 @@ class Run:
             self.resumed_from = None
             below = rundir.parse_checkpoint_name(Path(cand).name)
 
-    def _apply(self, path: Path) -> None:
+    def _verify_share(self, path: Path) -> Optional[str]:
+        """Hash this rank's share of a multi-rank checkpoint's files (ranks split the work by size)."""
+        def share(files: dict[str, rundir.FileEntry]) -> list[str]:
+            load = [0] * self.world_size
+            picked: list[str] = []
+            for name in sorted(files, key=lambda n: (-files[n].size, n)):  # greedy: biggest to least loaded
+                r = min(range(self.world_size), key=lambda i: (load[i], i))
+                load[r] += files[name].size
+                if r == self.rank:
+                    picked.append(name)
+            return picked
+
+        try:
+            rundir.inspect_checkpoint(path, full=True, digest_only=share)
+        except rundir.InvalidCheckpoint as e:
+            return e.reason
+        return None
+
+    def _refuse_world_size(self, m: rundir.Manifest) -> None:
+        was, now = m.world_size, self.world_size
+        if not m.sharded:
+            raise WorldSizeMismatch(f"it was written by {was} rank(s), this run has {now}; only sharded (DCP) "
+                                    f"checkpoints can be resharded: run with {was} rank(s)")
+        if not self.allow_reshard:
+            raise WorldSizeMismatch(
+                f"it was written by {was} rank(s), this run has {now}; its model and optimizer would reshard "
+                f"exactly, but data order and per-rank RNG cannot continue a {was}-rank run bit-exactly: run "
+                f"with {was} rank(s), or set {rundir.ENV_ALLOW_RESHARD}=1 to resume at {now}")
+
+    def _apply(self, path: Path, verify: bool = True) -> None:
         try:
             head = rundir.inspect_checkpoint(path)
         except rundir.InvalidCheckpoint as e:
             raise CheckpointError(e.reason) from e
-        if head.manifest.world_size != self.world_size:
-            raise WorldSizeMismatch(
-                f"it was written by {head.manifest.world_size} rank(s), this run has {self.world_size}; "
-                "resharding is not supported: run with the same number of ranks")
-        if self._dist is None:
-            info, files = ckpt.read_checkpoint(path)
-            tr = files.get(ckpt.TRAINER_FILE)
-        else:
-            mine = ckpt.rank_file(self.rank)
-            info, files = ckpt.read_checkpoint(path, names=[ckpt.MODEL_FILE, ckpt.OPTIMIZER_FILE, mine])
-            tr = files.get(mine)
+        hm = head.manifest
+        reshard = hm.world_size != self.world_size
+        if reshard:
+            self._refuse_world_size(hm)
+        if ckpt.TRAINER_FILE in hm.files:  # written by one process
+            mine = ckpt.TRAINER_FILE
+        else:  # per-rank state; a rank the old world did not have continues from rank 0's
+            mine = ckpt.rank_file(self.rank if self.rank < hm.world_size else 0)
+        names = [mine] if hm.sharded else [ckpt.MODEL_FILE, ckpt.OPTIMIZER_FILE, mine]
+        info, files = ckpt.read_checkpoint(path, names=names, verify=verify)
+        tr = files.get(mine)
         m = info.manifest
         if not isinstance(tr, dict) or "rng" not in tr:
-            raise CheckpointError(f"{ckpt.TRAINER_FILE} lacks trainer state")
-        if self.model is not None:
+            raise CheckpointError(f"{mine} lacks trainer state")
+        if m.sharded:
+            if self.model is None:
+                raise CheckpointError("a sharded checkpoint needs init(model=...) to load into")
+            group = self._dist.group if self._dist is not None else None
+            load = self._dist.guard if self._dist is not None else (lambda _what, fn, *a, **k: fn(*a, **k))
+            load("sharded checkpoint load", _sharded().load, path, self.model, self.optimizer, group=group)
+            self._dirty = False  # DCP initialises a fresh optimizer's state with a zero-lr step
+        elif self.model is not None:
             if ckpt.MODEL_FILE not in files:
                 raise CheckpointError(f"{ckpt.MODEL_FILE} missing")
             self.model.load_state_dict(files[ckpt.MODEL_FILE])
@@ -828,18 +902,25 @@ class Run:
                 obj.load_state_dict(tr["extra"][k])
         self.state.clear()
         self.state.update(tr.get("state") or {})
-        self.global_step, self.epoch, self.batch_in_epoch = m.global_step, m.epoch, m.batch_in_epoch
+        # Resharded: each rank's share of an epoch changes with the world size; resume at the
+        # same fraction of the epoch (the global sample count) in the new world's batches.
+        k = m.batch_in_epoch * m.world_size // self.world_size if reshard else m.batch_in_epoch
+        self.global_step, self.epoch, self.batch_in_epoch = m.global_step, m.epoch, k
         self.loss = tr.get("loss", m.loss)
         rng.restore(tr["rng"])
-        if m.batch_in_epoch > 0 or tr.get("loader_state") is not None:
-            self._resume_stream = {"epoch": m.epoch, "batch_in_epoch": m.batch_in_epoch,
+        if k > 0 or tr.get("loader_state") is not None:
+            self._resume_stream = {"epoch": m.epoch, "batch_in_epoch": k,
                                    "epoch_rng": tr.get("epoch_rng"), "step_rng": tr["rng"],
                                    "loader_state": tr.get("loader_state")}
         self.resumed_from = str(info.path)
         self._resumed_step = self.checkpoint_step = m.global_step
         self._last_size = sum(f.size for f in m.files.values())
-        _say(f"resumed from {info.path} (step {m.global_step}, epoch {m.epoch}, batch {m.batch_in_epoch})"
-             + ("" if m.exact else " [inexact emergency checkpoint]"))
+        _say(f"resumed from {info.path} (step {m.global_step}, epoch {m.epoch}, batch {k})"
+             + ("" if m.exact else " [inexact emergency checkpoint]")
+             + (f" [resharded from {m.world_size} to {self.world_size} rank(s): not bit-exact]" if reshard else ""))
+        if reshard and self.rank == 0:
+            self._event("checkpoint_resharded", path=str(info.path), from_world_size=m.world_size,
+                        to_world_size=self.world_size, batch_in_epoch=k)
         if m.git_commit and self.git_commit and m.git_commit != self.git_commit:
             _say(f"warning: checkpoint was written at git commit {m.git_commit[:12]}, "
                  f"the script is now at {self.git_commit[:12]}")
@@ -871,8 +952,20 @@ def load(path_or_run_dir: os.PathLike | str, model: Any = None, *, optimizer: An
         if info is None:
             raise CheckpointError(f"no valid checkpoint under {p}")
         p = info.path
-    info, files = ckpt.read_checkpoint(p, model_only=optimizer is None)
-    sd = files[ckpt.MODEL_FILE]
+    try:
+        sharded = rundir.inspect_checkpoint(p).manifest.sharded
+    except rundir.InvalidCheckpoint as e:
+        raise CheckpointError(e.reason) from e
+    if sharded:  # a DCP set: load it in this one process (resharded to full tensors)
+        info, _ = ckpt.read_checkpoint(p, names=[])
+        if model is not None and (optimizer is not None or strict):
+            _sharded().load(info.path, model, optimizer)
+            return LoadResult(info.path, info.manifest, model.state_dict(), [], [])
+        sd = _sharded().full_model_state(info.path)
+        files: dict[str, Any] = {}
+    else:
+        info, files = ckpt.read_checkpoint(p, model_only=optimizer is None)
+        sd = files[ckpt.MODEL_FILE]
     if map_location not in (None, "cpu", torch.device("cpu")):
         sd = {k: v.to(map_location) if isinstance(v, torch.Tensor) else v for k, v in sd.items()}
     missing: list[str] = []

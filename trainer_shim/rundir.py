@@ -41,7 +41,7 @@ from typing import Any, Optional
 import xxhash
 
 __all__ = [
-    "ENV_RUN_DIR", "ENV_ATTEMPT", "ENV_RESUME_FROM", "ENV_LAST_FAILURE", "RESUME_NONE",
+    "ENV_RUN_DIR", "ENV_ATTEMPT", "ENV_RESUME_FROM", "ENV_LAST_FAILURE", "ENV_ALLOW_RESHARD", "RESUME_NONE",
     "EXIT_PREEMPTED", "FORMAT_VERSION", "MANIFEST_NAME", "RunDir", "Phase", "CheckpointKind",
     "Manifest", "CheckpointInfo", "InvalidCheckpoint", "ContractError", "atomic_write_bytes",
     "atomic_write_json", "read_json", "append_event", "read_events", "new_hasher",
@@ -55,6 +55,9 @@ ENV_RUN_DIR = "RESILIENT_RUN_DIR"
 ENV_ATTEMPT = "RESILIENT_ATTEMPT"          # 1-based attempt number
 ENV_RESUME_FROM = "RESILIENT_RESUME_FROM"  # checkpoint dir chosen by the supervisor, or RESUME_NONE
 ENV_LAST_FAILURE = "RESILIENT_LAST_FAILURE"  # kind of the previous attempt's failure, if any
+# "1": a sharded (DCP) checkpoint may be resumed at another world size (model and optimizer
+# reshard exactly; data order and per-rank RNG cannot continue the old world bitwise).
+ENV_ALLOW_RESHARD = "RESILIENT_ALLOW_RESHARD"
 RESUME_NONE = "none"                       # the supervisor found nothing valid: start fresh
 
 # The shim exits with this after saving a preempt checkpoint (EX_TEMPFAIL: "try again later").
@@ -370,6 +373,9 @@ class Manifest:
     git_commit: Optional[str] = None
     git_dirty: Optional[bool] = None
     world_size: int = 1
+    # Model and optimizer live in a torch.distributed.checkpoint (DCP) set inside the dir
+    # (`.metadata` + `__<rank>_<n>.distcp`) instead of model.pt/optimizer.pt; reshardable.
+    sharded: bool = False
     format: int = FORMAT_VERSION
 
     def to_json(self) -> dict:
@@ -398,6 +404,7 @@ class Manifest:
                 files=files, exact=bool(d.get("exact", True)), torch_version=d.get("torch_version"),
                 python_version=d.get("python_version"), git_commit=d.get("git_commit"),
                 git_dirty=d.get("git_dirty"), world_size=int(d.get("world_size", 1)),
+                sharded=bool(d.get("sharded", False)),
             )
         except KeyError as e:
             raise ValueError(f"manifest lacks {e.args[0]!r}") from e
@@ -451,11 +458,15 @@ def digest_file(path: Path, chunk: int = 8 << 20) -> str:
     return h.hexdigest()
 
 
-def inspect_checkpoint(path: Path, *, full: bool = False, root: Optional[Path] = None) -> CheckpointInfo:
+def inspect_checkpoint(path: Path, *, full: bool = False, root: Optional[Path] = None,
+                       digest_only: Optional[Callable[[dict[str, "FileEntry"]], Iterable[str]]] = None,
+                       ) -> CheckpointInfo:
     """Validate one checkpoint dir: manifest parses and every listed file has its size.
 
-    With `full`, also recompute each file's xxh3_128. `root` (the checkpoints dir it was found
-    in) refuses a dir that resolves outside it. Raises InvalidCheckpoint naming the reason.
+    With `full`, also recompute each file's xxh3_128 (only of the files `digest_only` picks from
+    the manifest's entries, when given: ranks split the hashing of a multi-rank checkpoint). `root` (the
+    checkpoints dir it was found in) refuses a dir that resolves outside it. Raises
+    InvalidCheckpoint naming the reason.
     """
     path = Path(path)
     if root is not None and not _inside(path.resolve(), Path(root).resolve()):
@@ -473,6 +484,7 @@ def inspect_checkpoint(path: Path, *, full: bool = False, root: Optional[Path] =
         raise InvalidCheckpoint(path, f"MANIFEST.json is malformed: {e}") from e
     if not manifest.files:
         raise InvalidCheckpoint(path, "MANIFEST.json lists no files")
+    hashed = set(manifest.files if digest_only is None else digest_only(manifest.files))
     for rel, ent in manifest.files.items():
         fp = safe_member(path, rel)
         try:
@@ -483,7 +495,7 @@ def inspect_checkpoint(path: Path, *, full: bool = False, root: Optional[Path] =
             raise InvalidCheckpoint(path, f"{rel}: {e.strerror or e}") from e
         if size != ent.size:
             raise InvalidCheckpoint(path, f"{rel} has {size} bytes, manifest says {ent.size} (truncated?)")
-        if full:
+        if full and rel in hashed:
             try:
                 got = digest_file(fp)
             except OSError as e:

@@ -183,7 +183,8 @@ def test_world_size_mismatch_is_refused_in_one_line(reference: Path, tmp_path: P
     p = run_cli("--nproc-per-node", "1", "--run-dir", str(rd), *FAST, DDP_JOB, "--out-dir", str(tmp_path / "out"),
                 timeout=120)
     assert p.returncode == 1, p.stderr[-3000:]
-    assert "written by 2 rank(s), this run has 1; resharding is not supported" in p.stderr
+    assert ("written by 2 rank(s), this run has 1; only sharded (DCP) checkpoints can be resharded: "
+            "run with 2 rank(s)") in p.stderr
     # torchrun exits 1, but the rank's own exit code 2 (configuration error) is what is not retried.
     assert "exit code 2 is not retryable" in events(rd, "gave_up")[-1]["reason"]
     assert len(events(rd, "attempt_started")) == len(events(reference / "run", "attempt_started")) + 1  # no retry

@@ -1,0 +1,114 @@
+"""Sharded model/optimizer state through torch.distributed.checkpoint (DCP), for FSDP2 and other DTensor state.
+
+Every rank writes only its own shards (`__<rank>_<n>.distcp`) and rank 0 the global
+`.metadata`, so a huge model never gathers on one rank and the ranks write in parallel.
+DCP's load planner reads whatever slices the loading job's placements need, so the same
+files load at another world size (reshard) or into a plain single-process model.
+Replicated (DDP) state is de-duplicated by DCP and its writes spread over the ranks.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Optional
+
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
+
+from . import rundir
+from .errors import CheckpointError
+from .rundir import FileEntry
+
+__all__ = ["METADATA_FILE", "uses_dtensor", "save", "load", "full_model_state"]
+
+METADATA_FILE = ".metadata"
+_MODEL, _OPTIM = "model", "optim"
+
+
+def uses_dtensor(model: Any) -> bool:
+    """True when `model` holds DTensor parameters (FSDP2 `fully_shard`, tensor parallel)."""
+    if model is None:
+        return False
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in model.parameters())
+
+
+def _state(model: Any, optimizer: Any) -> dict[str, Any]:
+    # get_state_dict keeps each rank's local shards (no gather) and gives optimizer state
+    # parameter-FQN keys, which is what makes it loadable under another sharding.
+    if optimizer is None:
+        return {_MODEL: get_model_state_dict(model)}
+    msd, osd = get_state_dict(model, optimizer)
+    return {_MODEL: msd, _OPTIM: osd}
+
+
+def _storage_failure(e: CheckpointException) -> Exception:
+    """The OSError behind a DCP failure (so ENOSPC stays a storage error), else a CheckpointError."""
+    for rank, (exc, _tb) in sorted(e.failures.items()):
+        cause: Optional[BaseException] = exc
+        while cause is not None:
+            if isinstance(cause, OSError):
+                return cause
+            cause = cause.__cause__ or cause.__context__
+    first = next(iter(sorted(e.failures.items())), None)
+    what = f"rank {first[0]}: {type(first[1][0]).__name__}: {first[1][0]}" if first else str(e)
+    return CheckpointError(f"sharded (DCP) write failed: {what}")
+
+
+def save(directory: Path, model: Any, optimizer: Any, *, rank: int, group: Any = None) -> tuple[dict[str, FileEntry], set[str]]:
+    """Collective: write this rank's shards (and rank 0 the metadata) into `directory`.
+
+    Returns (this rank's files with size and digest, every file the DCP metadata references),
+    so the committing rank can refuse a set missing some rank's shards. Storage failures raise
+    OSError/CheckpointError on every rank alike; a lost peer raises RuntimeError from the collective.
+    """
+    directory = Path(directory)
+    try:
+        md = dcp.save(_state(model, optimizer), storage_writer=dcp.FileSystemWriter(str(directory)),
+                      process_group=group, no_dist=group is None)
+    except CheckpointException as e:
+        raise _storage_failure(e) from None
+    mine = re.compile(rf"^__{rank}_\d+\.distcp$")
+    names = [n for n in os.listdir(directory) if mine.match(n)]
+    if rank == 0:
+        names.append(METADATA_FILE)
+    files = {}
+    for n in sorted(names):
+        fp = directory / n
+        files[n] = FileEntry(fp.stat().st_size, rundir.digest_file(fp))
+    referenced = {info.relative_path for info in md.storage_data.values()} | {METADATA_FILE}
+    return files, referenced
+
+
+def load(directory: Path, model: Any, optimizer: Any, *, group: Any = None) -> None:
+    """Collective: load the DCP set in `directory` into `model` (and `optimizer`) in place, resharding as needed."""
+    sd = _state(model, optimizer)
+    try:
+        dcp.load(sd, storage_reader=dcp.FileSystemReader(str(directory)), process_group=group,
+                 no_dist=group is None)
+    except CheckpointException as e:
+        err = _storage_failure(e)
+        raise CheckpointError(f"sharded (DCP) load failed: {err}") from None
+    if optimizer is None:
+        set_model_state_dict(model, sd[_MODEL])
+    else:
+        set_state_dict(model, optimizer, model_state_dict=sd[_MODEL], optim_state_dict=sd[_OPTIM])
+
+
+def full_model_state(directory: Path) -> dict[str, Any]:
+    """The whole model state dict of a DCP set, loaded in this one process (for inference or export)."""
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+
+    try:
+        return _load_state_dict_from_keys({_MODEL}, checkpoint_id=str(directory))[_MODEL]
+    except CheckpointException as e:
+        raise CheckpointError(f"sharded (DCP) load failed: {_storage_failure(e)}") from None
