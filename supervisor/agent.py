@@ -8,6 +8,7 @@ import fcntl
 import os
 import select
 import signal
+import socket
 import sys
 import time
 from collections import Counter
@@ -18,7 +19,7 @@ import psutil
 
 from trainer_shim import rundir as rd_mod
 from trainer_shim.rundir import (
-    ENV_ATTEMPT, ENV_LAST_FAILURE, ENV_RESUME_FROM, ENV_RUN_DIR, RESUME_NONE, ContractError, RunDir,
+    ENV_ATTEMPT, ENV_LAST_FAILURE, ENV_NODE, ENV_RESUME_FROM, ENV_RUN_DIR, RESUME_NONE, ContractError, RunDir,
     append_event, atomic_write_json, checkpoint_roots, newest_valid, now_iso, read_events, read_json,
 )
 
@@ -107,7 +108,7 @@ class Supervisor:
 
     def __init__(self, config: Config, run_dir: Path) -> None:
         self.config = config
-        self.rd = RunDir(run_dir)
+        self.rd = RunDir(run_dir, config.node)
         self.state = State.STARTING
         self.policy = RestartPolicy(
             max_restarts=config.max_restarts, backoff=config.backoff, backoff_max=config.backoff_max,
@@ -175,7 +176,7 @@ class Supervisor:
 
     def _prepare_run_dir(self) -> None:
         try:
-            rd_mod.ensure_run_dir(self.rd.root)
+            rd_mod.ensure_run_dir(self.rd.root, self.rd.node)
         except ContractError as e:
             raise RunDirError(f"{e}; choose another --run-dir") from None
 
@@ -189,8 +190,9 @@ class Supervisor:
         except BlockingIOError:
             raw = os.read(fd, 64).decode(errors="replace").strip()
             os.close(fd)
+            which = "" if self.rd.node is None else f" (node {self.rd.node})"
             raise LockedError(
-                f"run dir {self.rd.root} is in use by supervisor pid {raw or '?'}; "
+                f"run dir {self.rd.root}{which} is in use by supervisor pid {raw or '?'}; "
                 f"stop it with `resilient-run stop {self.rd.root}` or pick another --run-dir") from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
@@ -422,14 +424,22 @@ class Supervisor:
             env[ENV_LAST_FAILURE] = self.last_failure
         else:
             env.pop(ENV_LAST_FAILURE, None)
+        if self.rd.node is not None:
+            env[ENV_NODE] = str(self.rd.node)
+        else:
+            env.pop(ENV_NODE, None)
         log_path = self.rd.attempt_log(n)
         while log_path.exists():  # never overwrite a log, even one an event did not record
             n = self.attempt_no = n + 1
             env[ENV_ATTEMPT] = str(n)
             log_path = self.rd.attempt_log(n)
         # Heartbeats of an earlier process (a standalone run also calls itself attempt 1) must not
-        # pass for this attempt's: nothing of the run is alive now, so they are all stale.
+        # pass for this attempt's: nothing of ours is alive now, so they are all stale (another
+        # node's ranks are that node's business).
         for stale in self.rd.heartbeats.glob("rank-*.json"):
+            hb = rd_mod.read_heartbeat(stale)
+            if hb is not None and not self.rd.owns_heartbeat(hb):
+                continue
             try:
                 stale.unlink()
             except OSError:
@@ -524,7 +534,7 @@ class Supervisor:
         kind, detail = classify(AttemptFacts(
             returncode=rc, killed_for=a.killed_for, stale_detail=a.stale_detail, oom_evidence=tuple(evidence),
             error=self._attempt_error(a.number, rank_failures), stop_requested=self.stop_requested,
-            rank_failures=rank_failures, ranks_stopped=_ranks_stopped(a.monitor),
+            rank_failures=rank_failures, ranks_stopped=_ranks_stopped(a.monitor, multi_node=self.rd.node is not None),
         ))
         hb = a.monitor.first
         resumed = a.resumed_from if a.resumed_known else a.chosen
@@ -578,7 +588,7 @@ class Supervisor:
         a = self.attempt
         me = procs.identity_of(os.getpid())
         return {
-            "state": self.state.value, "supervisor_pid": os.getpid(),
+            "state": self.state.value, "supervisor_pid": os.getpid(), "node": self.rd.node, "host": socket.gethostname(),
             "supervisor_create_time": me.create_time if me else None,
             "child_pid": a.child.pid if a else None,
             "child_create_time": a.child.identity.create_time if a else None,
@@ -683,10 +693,10 @@ def _rank_exit_code(rank_failures: tuple[str, ...]) -> Optional[int]:
         return None
 
 
-def _ranks_stopped(monitor: HeartbeatMonitor) -> Optional[str]:
-    """For a multi-rank attempt whose every rank's last beat is `stopping` after a preempt save: the detail."""
+def _ranks_stopped(monitor: HeartbeatMonitor, multi_node: bool = False) -> Optional[str]:
+    """For a multi-rank attempt whose every (local) rank's last beat is `stopping` after a preempt save: the detail."""
     recs = [t.record for _, t in sorted(monitor.tracks.items())]
-    if len(recs) < 2 or any(r.get("phase") != rd_mod.Phase.STOPPING.value for r in recs):
+    if len(recs) < (1 if multi_node else 2) or any(r.get("phase") != rd_mod.Phase.STOPPING.value for r in recs):
         return None
     steps = sorted({r.get("checkpoint_step") for r in recs}, key=str)
     return f"all {len(recs)} ranks saved a preempt checkpoint at step {', '.join(map(str, steps))} and stopped"

@@ -16,7 +16,7 @@ import typer
 from . import procs
 from .config import DEFAULTS, Config, build_config, load_config_file
 from .errors import EXIT_GAVE_UP, EXIT_OK, EXIT_USAGE, ConfigError, RunDirError, SupervisorError
-from .status import list_checkpoints, lock_holder, open_run_dir, read_status
+from .status import list_checkpoints, lock_holder, open_run_dir, read_status, supervised_parts
 
 __all__ = ["app", "main", "resolve_job"]
 
@@ -167,36 +167,51 @@ def status(
     watch: bool = typer.Option(False, "--watch", help="Refresh in place until interrupted."),
     interval: float = typer.Option(1.0, "--interval", help="Refresh interval for --watch, seconds."),
 ) -> None:
-    """Show the job's state; exit 0 when running with a fresh heartbeat or succeeded, else 1."""
-    rd = open_run_dir(run_dir)
+    """Show the job's state; exit 0 when running with a fresh heartbeat or succeeded, else 1.
+
+    A multi-node run dir shows every node's supervisor; it is healthy only when all are."""
+    parts = supervised_parts(open_run_dir(run_dir))
     if watch:
-        _watch(rd, interval)
+        _watch(parts, interval)
         return
-    rep = read_status(rd)
+    reps = [(rd, read_status(rd)) for rd in parts]
     if as_json:
-        typer.echo(json.dumps(rep.to_json(), indent=2))
+        if len(reps) == 1:
+            typer.echo(json.dumps(reps[0][1].to_json(), indent=2))
+        else:
+            typer.echo(json.dumps({"nodes": {str(rd.node): rep.to_json() for rd, rep in reps}}, indent=2))
     else:
         from rich.console import Console
 
-        Console().print(_status_table(rep, f"resilient-run {rd.root}"))
-    raise typer.Exit(EXIT_OK if rep.healthy else EXIT_GAVE_UP)
+        for rd, rep in reps:
+            Console().print(_status_table(rep, _title(rd)))
+    raise typer.Exit(EXIT_OK if all(rep.healthy for _, rep in reps) else EXIT_GAVE_UP)
 
 
-def _watch(rd, interval: float) -> None:  # noqa: ANN001
+def _title(rd, rate: str = "") -> str:  # noqa: ANN001
+    return f"resilient-run {rd.root}" + ("" if rd.node is None else f" node {rd.node}") + rate
+
+
+def _watch(parts, interval: float) -> None:  # noqa: ANN001
+    from rich.console import Group
     from rich.live import Live
 
-    prev: Optional[tuple[float, int]] = None
+    prev: dict[Optional[int], tuple[float, int]] = {}
     try:
         with Live(refresh_per_second=4, screen=False) as live:
             while True:
-                rep = read_status(rd)
-                now = time.monotonic()
-                rate = ""
-                if rep.step is not None:
-                    if prev is not None and now > prev[0] and rep.step >= prev[1]:
-                        rate = f", {(rep.step - prev[1]) / (now - prev[0]):.2f} steps/s"
-                    prev = (now, rep.step)
-                live.update(_status_table(rep, f"resilient-run {rd.root}{rate}"))
+                tables = []
+                for rd in parts:
+                    rep = read_status(rd)
+                    now = time.monotonic()
+                    rate = ""
+                    if rep.step is not None:
+                        last = prev.get(rd.node)
+                        if last is not None and now > last[0] and rep.step >= last[1]:
+                            rate = f", {(rep.step - last[1]) / (now - last[0]):.2f} steps/s"
+                        prev[rd.node] = (now, rep.step)
+                    tables.append(_status_table(rep, _title(rd, rate)))
+                live.update(Group(*tables))
                 time.sleep(interval)
     except KeyboardInterrupt:
         pass
@@ -237,39 +252,58 @@ def stop(
     timeout: Optional[float] = typer.Option(None, "--timeout", help="Seconds to wait for the supervisor to exit (default: its grace period + 30)."),
     wait: bool = typer.Option(True, "--wait/--no-wait", help="Wait until the supervisor has exited."),
 ) -> None:
-    """SIGTERM the run's supervisor: the trainer saves, the supervisor exits 75."""
+    """SIGTERM the run's supervisor: the trainer saves, the supervisor exits 75.
+
+    A multi-node run dir: every node's supervisor that runs on this host (the trainers agree on
+    the step to save at, so stopping one node stops them all)."""
+    rc = EXIT_OK
+    for rd in supervised_parts(open_run_dir(run_dir)):
+        rc = max(rc, _stop_one(rd, timeout, wait))
+    raise typer.Exit(rc)
+
+
+def _stop_one(rd, timeout: Optional[float], wait: bool) -> int:  # noqa: ANN001
+    import socket
+
     from trainer_shim.rundir import ContractError, read_json
 
     from .status import recorded_config
 
-    rd = open_run_dir(run_dir)
+    where = f"{rd.root}" + ("" if rd.node is None else f" (node {rd.node})")
     holder = lock_holder(rd)
     try:
         state = read_json(rd.supervisor_state)
     except ContractError:
         state = {}
+    if not isinstance(state, dict):
+        state = {}
     if holder is None:
-        _say(f"no supervisor is running on {rd.root}")
-        raise typer.Exit(EXIT_GAVE_UP)
-    pid = state.get("supervisor_pid") if isinstance(state, dict) else None
-    proc = procs.matches(pid, state.get("supervisor_create_time")) if isinstance(state, dict) else None
+        _say(f"no supervisor is running on {where}")
+        return EXIT_GAVE_UP
+    host = state.get("host")
+    if host and host != socket.gethostname():
+        _say(f"the supervisor of {where} runs on host {host}; run `resilient-run stop` there")
+        return EXIT_GAVE_UP
+    pid = state.get("supervisor_pid")
+    proc = procs.matches(pid, state.get("supervisor_create_time"))
     if proc is None or pid != holder:
         # Never signal a pid we cannot prove is this run's supervisor (stale or forged record).
-        _say(f"supervisor.json names pid {pid}, which is not the live supervisor of {rd.root} (lock held by pid {holder}); not signalling")
-        raise typer.Exit(EXIT_GAVE_UP)
+        _say(f"supervisor.json names pid {pid}, which is not the live supervisor of {where} (lock held by pid {holder}); not signalling")
+        return EXIT_GAVE_UP
     procs.signal_pid(int(pid), signal.SIGTERM)
     if not wait:
         _say(f"sent SIGTERM to supervisor pid {pid}")
-        return
+        return EXIT_OK
     limit = timeout if timeout is not None else recorded_config(state).grace_period + 30
     deadline = time.monotonic() + limit
     while lock_holder(rd) is not None and time.monotonic() < deadline:
         time.sleep(0.1)
     if lock_holder(rd) is not None:
         _say(f"supervisor pid {pid} is still running after {limit:g}s")
-        raise typer.Exit(EXIT_GAVE_UP)
+        return EXIT_GAVE_UP
     final = read_status(rd)
-    _say(f"stopped: state {final.state}" + (f", latest checkpoint {final.latest_checkpoint['path']}" if final.latest_checkpoint else ""))
+    _say(f"stopped {where}: state {final.state}" + (f", latest checkpoint {final.latest_checkpoint['path']}" if final.latest_checkpoint else ""))
+    return EXIT_OK
 
 
 def main(argv: Optional[list[str]] = None) -> None:

@@ -52,6 +52,11 @@ class Config:
     def env_dict(self) -> dict[str, str]:
         return dict(self.env)
 
+    @property
+    def node(self) -> Optional[int]:
+        """This supervisor's node in a multi-node job (its files go to nodes/node-N/), else None."""
+        return self.node_rank if (self.nnodes or 1) > 1 else None
+
 
 DEFAULTS = Config()
 
@@ -195,6 +200,25 @@ def load_config_file(path: Union[str, Path]) -> dict[str, Any]:
     return values
 
 
+def _adopt_torchrun(merged: dict[str, Any]) -> None:
+    """A user's own torchrun command is supervised like ours: no restarts of its own, and the
+    node's identity (for its files in a shared run dir) taken from its --nnodes/--node-rank."""
+    from .launch import torchrun_options
+
+    tr = torchrun_options(merged["command"])
+    if tr is None:
+        return
+    if tr.max_restarts != 0:
+        raise ConfigError(f"command: torchrun --max-restarts {tr.max_restarts} would restart ranks behind the "
+                          "supervisor (without its checkpoint choice or hang detection); use --max-restarts 0")
+    merged.setdefault("nnodes", tr.nnodes)
+    if tr.node_rank is not None:
+        merged.setdefault("node_rank", tr.node_rank)
+    if merged["nnodes"] > 1 and merged.get("node_rank") is None:
+        raise ConfigError(f"command: torchrun runs {merged['nnodes']} nodes; give this node's --node-rank (to torchrun "
+                          "or resilient-run) so the nodes' supervisors keep their files apart in the shared run dir")
+
+
 def build_config(file_values: dict[str, Any], cli_values: dict[str, Any]) -> Config:
     """Merge file values with CLI values (CLI wins) into a Config; derive command from script."""
     cli = _validate({k: v for k, v in cli_values.items() if v is not None}, "")
@@ -219,6 +243,8 @@ def build_config(file_values: dict[str, Any], cli_values: dict[str, Any]) -> Con
             merged["command"] = (sys.executable, script, *merged.get("args", ()))
     elif command and merged.get("nproc_per_node"):
         raise ConfigError("nproc_per_node launches SCRIPT.py under torchrun; with `-- COMMAND` put torchrun in the command yourself")
+    elif command:
+        _adopt_torchrun(merged)
     elif not command:
         raise ConfigError("no job given: pass SCRIPT.py, or `-- COMMAND ...`, or set script/command in the config")
     return Config(**merged)

@@ -65,8 +65,8 @@ class HeartbeatMonitor:
             if not (name.startswith("rank-") and name.endswith(".json")):
                 continue
             hb = read_heartbeat(self.run_dir.heartbeats / name)
-            if hb is None or hb.get("attempt") != self.attempt:
-                continue  # torn, or left over from an earlier attempt
+            if hb is None or hb.get("attempt") != self.attempt or not self.run_dir.owns_heartbeat(hb):
+                continue  # torn, left over from an earlier attempt, or another node's rank
             rank = hb.get("rank", 0) if isinstance(hb.get("rank"), int) else 0
             key = (hb.get("pid"), hb.get("seq"), hb.get("step"), hb.get("phase"), hb.get("save_bytes"))
             t = self.tracks.get(rank)

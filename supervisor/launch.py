@@ -8,13 +8,61 @@ attempt; the supervisor then kills the whole tree.
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import re
 import sys
 from typing import Optional, Sequence
 
 from .errors import ConfigError
 
-__all__ = ["torchrun_command", "parse_torchrun_failure"]
+__all__ = ["torchrun_command", "parse_torchrun_failure", "TorchrunOptions", "torchrun_options"]
+
+
+@dataclasses.dataclass(frozen=True)
+class TorchrunOptions:
+    """What the supervisor must know of a user's own `-- torchrun ...` command."""
+
+    nnodes: int          # the largest node count of `--nnodes N` or `MIN:MAX`
+    node_rank: Optional[int]
+    max_restarts: int
+
+
+def torchrun_options(command: Sequence[str]) -> Optional[TorchrunOptions]:
+    """The launcher options of `torchrun ...` or `python -m torch.distributed.run ...`; None for any other command."""
+    argv = list(command)
+    if argv and os.path.basename(argv[0]) == "torchrun":
+        rest = argv[1:]
+    elif len(argv) >= 3 and argv[1] == "-m" and argv[2] in ("torch.distributed.run", "torch.distributed.launch"):
+        rest = argv[3:]
+    else:
+        return None
+    opts: dict[str, str] = {}
+    i = 0
+    while i < len(rest):
+        tok = rest[i]
+        if not tok.startswith("--"):
+            break  # the training script: what follows are its own arguments
+        name, eq, val = tok[2:].partition("=")
+        name = name.replace("_", "-")
+        if name in ("standalone", "no-python", "run-path", "module", "redirects-all", "tee-all") and not eq:
+            i += 1
+            continue
+        if not eq and i + 1 < len(rest):
+            val, i = rest[i + 1], i + 1
+        opts[name] = val
+        i += 1
+
+    def whole(name: str, value: str) -> int:
+        try:
+            return int(value)
+        except ValueError:
+            raise ConfigError(f"command: torchrun --{name} {value!r} is not a whole number") from None
+
+    nnodes = max(whole("nnodes", p) for p in opts.get("nnodes", "1").split(":"))
+    return TorchrunOptions(nnodes=nnodes,
+                           node_rank=whole("node-rank", opts["node-rank"]) if "node-rank" in opts else None,
+                           max_restarts=whole("max-restarts", opts.get("max-restarts", "0")))
 
 
 def torchrun_command(

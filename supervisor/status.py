@@ -20,7 +20,8 @@ from .config import DEFAULTS, Config
 from .errors import RunDirError
 from .heartbeat import allowance
 
-__all__ = ["StatusReport", "read_status", "CheckpointRow", "list_checkpoints", "open_run_dir", "lock_holder"]
+__all__ = ["StatusReport", "read_status", "CheckpointRow", "list_checkpoints", "open_run_dir", "lock_holder",
+           "supervised_parts"]
 
 FINAL_STATES = ("succeeded", "failed", "stopped")
 
@@ -35,6 +36,12 @@ def open_run_dir(path: str | Path) -> RunDir:
     if not rd.is_run_dir():
         raise RunDirError(f"{rd.root} is not a run dir (no supervisor.json, events.jsonl or checkpoints/)")
     return rd
+
+
+def supervised_parts(rd: RunDir) -> list[RunDir]:
+    """One RunDir per supervisor of the run: the run dir itself, or each node's of a multi-node job."""
+    nodes = rd.node_numbers() if rd.node is None and not rd.supervisor_state.exists() else []
+    return [rd.for_node(n) for n in nodes] or [rd]
 
 
 def lock_holder(rd: RunDir) -> Optional[int]:
@@ -93,7 +100,7 @@ class StatusReport:
 
 
 def _newest_heartbeat(rd: RunDir) -> tuple[Optional[dict], Optional[float]]:
-    """Rank 0's heartbeat (else the stalest rank's) and its age by the file's mtime."""
+    """Rank 0's heartbeat (else the stalest rank's) and its age by the file's mtime; of a node's ranks only, for a node."""
     best: tuple[Optional[dict], Optional[float]] = (None, None)
     try:
         names = sorted(os.listdir(rd.heartbeats))
@@ -102,7 +109,7 @@ def _newest_heartbeat(rd: RunDir) -> tuple[Optional[dict], Optional[float]]:
     for name in names:
         p = rd.heartbeats / name
         hb = read_heartbeat(p)
-        if hb is None:
+        if hb is None or not rd.owns_heartbeat(hb):
             continue
         try:
             age = max(0.0, time.time() - p.stat().st_mtime)

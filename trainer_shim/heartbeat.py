@@ -20,7 +20,7 @@ from .rundir import Phase
 class Heartbeat:
     """Owns heartbeats/rank-<R>.json for this process."""
 
-    def __init__(self, path: Path, *, rank: int, attempt: int, interval: float) -> None:
+    def __init__(self, path: Path, *, rank: int, attempt: int, interval: float, node: Optional[int] = None) -> None:
         self.path = Path(path)
         self.interval = max(0.0, float(interval))
         self.fields: dict[str, Any] = {
@@ -28,6 +28,8 @@ class Heartbeat:
             "loss": None, "phase": Phase.STARTING.value, "time": None, "checkpoint_step": None,
             "seq": 0, "resumed_from": None, "save_bytes": 0,
         }
+        if node is not None:  # multi-node: the supervisor of this node judges only its own ranks
+            self.fields["node"] = node
         self.save_bytes = 0          # bumped by the checkpoint writer, read by the thread
         self._saving = False
         self._last_bytes = 0

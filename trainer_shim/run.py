@@ -106,8 +106,9 @@ class Run:
             raise ConfigError("extra must be a dict of objects with state_dict()/load_state_dict()")
         script = _script_path()
         root = run_dir or os.environ.get(rundir.ENV_RUN_DIR) or Path("runs") / (script.stem if script else "interactive")
+        node = os.environ.get(rundir.ENV_NODE, "")
         try:
-            self.rd = rundir.ensure_run_dir(Path(root).absolute())
+            self.rd = rundir.ensure_run_dir(Path(root).absolute(), int(node) if node.isdigit() else None)
         except rundir.ContractError as e:
             raise ConfigError(str(e)) from e
         self.rank = _env_int("RANK", 0)
@@ -132,7 +133,7 @@ class Run:
         self.attempt = _env_int(rundir.ENV_ATTEMPT, 1)
         # The first beat goes out before any restore work, so a slow restore is visibly "starting".
         self._hb = Heartbeat(self.rd.heartbeat(self.rank), rank=self.rank, attempt=self.attempt,
-                             interval=heartbeat_interval)
+                             interval=heartbeat_interval, node=self.rd.node)
         self._hb.write_now()
 
         self.model, self.optimizer, self.scheduler, self.scaler = model, optimizer, scheduler, scaler

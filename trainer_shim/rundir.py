@@ -41,7 +41,7 @@ from typing import Any, Optional
 import xxhash
 
 __all__ = [
-    "ENV_RUN_DIR", "ENV_ATTEMPT", "ENV_RESUME_FROM", "ENV_LAST_FAILURE", "ENV_ALLOW_RESHARD", "RESUME_NONE",
+    "ENV_RUN_DIR", "ENV_ATTEMPT", "ENV_RESUME_FROM", "ENV_LAST_FAILURE", "ENV_ALLOW_RESHARD", "ENV_NODE", "RESUME_NONE",
     "EXIT_PREEMPTED", "FORMAT_VERSION", "MANIFEST_NAME", "RunDir", "Phase", "CheckpointKind",
     "Manifest", "CheckpointInfo", "InvalidCheckpoint", "ContractError", "atomic_write_bytes",
     "atomic_write_json", "read_json", "append_event", "read_events", "new_hasher",
@@ -58,6 +58,9 @@ ENV_LAST_FAILURE = "RESILIENT_LAST_FAILURE"  # kind of the previous attempt's fa
 # "1": a sharded (DCP) checkpoint may be resumed at another world size (model and optimizer
 # reshard exactly; data order and per-rank RNG cannot continue the old world bitwise).
 ENV_ALLOW_RESHARD = "RESILIENT_ALLOW_RESHARD"
+# Node rank of the supervisor that launched this process; set only for a multi-node job, whose
+# supervisors share the run dir and keep their own files in nodes/node-<N>/.
+ENV_NODE = "RESILIENT_NODE"
 RESUME_NONE = "none"                       # the supervisor found nothing valid: start fresh
 
 # The shim exits with this after saving a preempt checkpoint (EX_TEMPFAIL: "try again later").
@@ -68,6 +71,8 @@ EXIT_PREEMPTED = 75
 FORMAT_VERSION = 1
 MANIFEST_NAME = "MANIFEST.json"
 CHECKPOINTS = "checkpoints"
+NODES = "nodes"
+_NODE_RE = re.compile(r"^node-(\d+)$")
 LATEST = "latest"
 TMP_PREFIX = ".tmp-"
 CKPT_PREFIX = "step-"
@@ -128,12 +133,35 @@ def parse_checkpoint_name(name: str) -> Optional[int]:
 
 @dataclasses.dataclass(frozen=True)
 class RunDir:
-    """Every path inside one run directory."""
+    """Every path inside one run directory.
+
+    Checkpoints, their index and heartbeats (named by global rank) are shared by every node of
+    a job. What belongs to one supervisor (its lock, state, events, attempt logs, error files,
+    metrics) lives in the run dir itself, or in nodes/node-<N>/ when `node` is set: the
+    supervisors of a multi-node job share one run dir and count their attempts separately.
+    """
 
     root: Path
+    node: Optional[int] = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "root", Path(self.root))
+
+    @property
+    def own(self) -> Path:
+        """The directory of this supervisor's own files."""
+        return self.root if self.node is None else self.root / NODES / f"node-{self.node}"
+
+    def for_node(self, node: Optional[int]) -> "RunDir":
+        return RunDir(self.root, node)
+
+    def node_numbers(self) -> list[int]:
+        """The nodes that have written to a multi-node run dir, in order (empty for a single node)."""
+        try:
+            names = os.listdir(self.root / NODES)
+        except OSError:
+            return []
+        return sorted(int(m.group(1)) for m in map(_NODE_RE.match, names) if m)
 
     @property
     def checkpoints(self) -> Path:
@@ -149,23 +177,23 @@ class RunDir:
 
     @property
     def logs(self) -> Path:
-        return self.root / "logs"
+        return self.own / "logs"
 
     @property
     def errors(self) -> Path:
-        return self.root / "errors"
+        return self.own / "errors"
 
     @property
     def events(self) -> Path:
-        return self.root / "events.jsonl"
+        return self.own / "events.jsonl"
 
     @property
     def supervisor_state(self) -> Path:
-        return self.root / "supervisor.json"
+        return self.own / "supervisor.json"
 
     @property
     def lock(self) -> Path:
-        return self.root / "supervisor.lock"
+        return self.own / "supervisor.lock"
 
     @property
     def index(self) -> Path:
@@ -173,10 +201,14 @@ class RunDir:
 
     @property
     def metrics(self) -> Path:
-        return self.root / "metrics.prom"
+        return self.own / "metrics.prom"
 
     def heartbeat(self, rank: int = 0) -> Path:
         return self.heartbeats / f"rank-{rank}.json"
+
+    def owns_heartbeat(self, hb: dict) -> bool:
+        """Whether this (node's) supervisor judges the rank that wrote `hb`: on a single node, every rank."""
+        return self.node is None or hb.get("node") == self.node
 
     def attempt_log(self, attempt: int) -> Path:
         return self.logs / f"attempt-{attempt:04d}.log"
@@ -210,18 +242,20 @@ class RunDir:
     def is_run_dir(self) -> bool:
         """True when the path looks like a run dir that either side has written to."""
         return self.root.is_dir() and any(
-            p.exists() for p in (self.supervisor_state, self.events, self.heartbeats, self.checkpoints, self.index)
+            p.exists() for p in (self.supervisor_state, self.events, self.heartbeats, self.checkpoints, self.index,
+                                 self.root / NODES)
         )
 
 
-def ensure_run_dir(root: Path | str) -> RunDir:
+def ensure_run_dir(root: Path | str, node: Optional[int] = None) -> RunDir:
     """Create the run dir (owner-only) and its subdirs; raise ContractError with a one-line reason."""
-    rd = RunDir(Path(root))
+    rd = RunDir(Path(root), node)
     if rd.root.exists() and not rd.root.is_dir():
         raise ContractError(f"run dir {rd.root} exists and is not a directory")
     try:
         rd.root.mkdir(mode=RUN_DIR_MODE, parents=True, exist_ok=True)
-        for sub in (rd.checkpoints, rd.heartbeats, rd.logs, rd.errors):
+        own = [] if node is None else [rd.root / NODES, rd.own]
+        for sub in (rd.checkpoints, rd.heartbeats, *own, rd.logs, rd.errors):
             sub.mkdir(mode=RUN_DIR_MODE, exist_ok=True)
     except OSError as e:
         raise ContractError(f"cannot create run dir {rd.root}: {e.strerror or e}") from e
