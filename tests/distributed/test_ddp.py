@@ -17,41 +17,9 @@ import torch
 from supervisor.config import build_config
 from supervisor.errors import ConfigError
 from supervisor.launch import parse_torchrun_failure, torchrun_command
-from tests.conftest import JOBS
-from tests.supervisor.helpers import (alive, ended_kinds, events, heartbeat, kill_group, run_cli, start_cli,
-                                      sup_env, wait_until)
+from tests.distributed.common import DDP_JOB, FAST, assert_same_weights, ddp_run
+from tests.supervisor.helpers import alive, ended_kinds, events, heartbeat, kill_group, run_cli, start_cli, wait_until
 from trainer_shim import rundir
-
-DDP_JOB = str(JOBS / "ddp_train.py")
-FAST = ["--backoff", "0", "--heartbeat-timeout", "5", "--grace-period", "20"]
-
-
-def ddp_run(tmp: Path, name: str, *job_args: str, faults: str = "", extra: tuple[str, ...] = (), timeout: float = 150):
-    (tmp / name).mkdir(parents=True, exist_ok=True)
-    rd, out = tmp / name / "run", tmp / name / "out"
-    p = run_cli("--nproc-per-node", "2", "--run-dir", str(rd), *FAST, *extra, DDP_JOB, "--out-dir", str(out), *job_args,
-                env=sup_env(DDP_FAULTS=faults), timeout=timeout)
-    return p, rd, out
-
-
-def assert_same_weights(out: Path, ref: Path) -> None:
-    for r in (0, 1):
-        a = torch.load(ref / f"final-rank-{r}.pt", weights_only=True)
-        b = torch.load(out / f"final-rank-{r}.pt", weights_only=True)
-        assert a.keys() == b.keys()
-        for k in a:
-            assert torch.equal(a[k], b[k]), f"rank {r} {k} differs from the uninterrupted run"
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> Path:
-    """The uninterrupted 2-rank run every fault test must reproduce bit for bit."""
-    tmp = tmp_path_factory.mktemp("ddp-ref")
-    p, rd, out = ddp_run(tmp, "ref")
-    assert p.returncode == 0, p.stderr[-3000:]
-    assert ended_kinds(rd) == ["success"]
-    return tmp / "ref"
-
 
 # --- launch command and evidence (no processes) -------------------------------------------------
 

@@ -1,0 +1,113 @@
+"""Two "nodes" on one machine: two supervisors, `--nnodes 2`, c10d rendezvous on localhost, one shared run dir.
+
+A rank on node 1 is SIGKILLed from outside; both nodes must recover, resume from the same
+checkpoint, and finish with every rank's weights bitwise equal to the uninterrupted 2-rank run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+
+from tests.distributed.common import DDP_JOB, FAST, assert_same_weights
+from tests.supervisor.helpers import alive, ended_kinds, events, kill_group, run_cli, start_cli, sup_env, wait_until
+from trainer_shim import rundir
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _node_events(rd: Path, node: int, name: str) -> list[dict]:
+    return [e for e in rundir.read_events(rundir.RunDir(rd, node)) if e["event"] == name]
+
+
+def _rank_of_node(rd: Path, node: int, min_step: int) -> dict | None:
+    """The heartbeat of a rank that node `node` launched, once it has passed `min_step`."""
+    for f in (rd / "heartbeats").glob("rank-*.json"):
+        hb = rundir.read_heartbeat(f)
+        if hb and hb.get("node") == node and hb.get("step", 0) >= min_step and hb.get("phase") == "training":
+            return hb
+    return None
+
+
+def test_rank_killed_on_node_1_both_nodes_recover_from_the_same_checkpoint(reference: Path, tmp_path: Path):
+    rd, out = tmp_path / "run", tmp_path / "out"
+    port = _free_port()
+    common = ("--nproc-per-node", "1", "--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{port}", "--run-dir", str(rd),
+              *FAST, "--heartbeat-timeout", "30")
+    job = (DDP_JOB, "--out-dir", str(out), "--step-sleep", "0.2")
+    sups = [start_cli(*common, "--node-rank", str(n), *job, env=sup_env()) for n in (0, 1)]
+    try:
+        victim = wait_until(lambda: _rank_of_node(rd, 1, 6), timeout=90, what="node 1's rank past step 6")
+        # A second supervisor for node 1 is refused: each node has its own lock in the shared run dir.
+        dup = run_cli(*common, "--node-rank", "1", *job, timeout=60)
+        assert dup.returncode == 3, dup.stderr
+        assert f"run dir {rd} (node 1) is in use by supervisor pid {sups[1].pid}" in dup.stderr
+        # The kill happens at whatever moment the poll sees it: before, during or after a save.
+        os.kill(victim["pid"], signal.SIGKILL)
+        for s in sups:
+            s.wait(150)
+    finally:
+        for s in sups:
+            if s.poll() is None:
+                kill_group(s)
+    errs = [s.stderr.read() for s in sups]
+    assert [s.returncode for s in sups] == [0, 0], errs
+    ended = {n: _node_events(rd, n, "attempt_ended") for n in (0, 1)}
+    # Node 1 saw its rank SIGKILLed; node 0's rank lost its peer (a collective error or a hang).
+    assert [e["kind"] for e in ended[1]] == ["signal", "success"], ended[1]
+    assert "killed by SIGKILL" in ended[1][0]["evidence"] and f"(pid {victim['pid']})" in ended[1][0]["evidence"]
+    assert ended[0][0]["kind"] in ("crash", "signal", "hang") and ended[0][-1]["kind"] == "success", ended[0]
+    # Both nodes' second attempts loaded the same checkpoint (rank 0 chose it and broadcast it).
+    resumed = {n: ended[n][-1]["resumed_from"] for n in (0, 1)}
+    assert resumed[0] == resumed[1] and resumed[0] is not None, resumed
+    assert rundir.parse_checkpoint_name(Path(resumed[0]).name) <= victim["step"]
+    assert_same_weights(out, reference / "out")
+    # Each node's supervisor kept its own files; nothing of one went into the other's.
+    for n in (0, 1):
+        own = rd / "nodes" / f"node-{n}"
+        state = json.loads((own / "supervisor.json").read_text())
+        assert state["state"] == "succeeded" and state["node"] == n
+        assert (own / "logs" / "attempt-0001.log").exists() and (own / "logs" / "attempt-0002.log").exists()
+    assert not (rd / "supervisor.json").exists() and not (rd / "events.jsonl").exists()
+    # No process of either node's tree survives.
+    for n in (0, 1):
+        for e in _node_events(rd, n, "attempt_started"):
+            assert not alive(e["pid"])
+    # status covers every node of the run dir.
+    st = run_cli("status", str(rd), "--json")
+    assert st.returncode == 0, st.stdout + st.stderr
+    nodes = json.loads(st.stdout)["nodes"]
+    assert sorted(nodes) == ["0", "1"] and {v["state"] for v in nodes.values()} == {"succeeded"}
+    assert {v["attempt"] for v in nodes.values()} == {2}
+
+
+TORCHRUN = str(Path(sys.executable).parent / "torchrun")
+
+
+def test_users_own_torchrun_command_is_supervised_like_ours(reference: Path, tmp_path: Path):
+    """`-- torchrun ...` (the user's own launcher line): a killed rank is named, the job resumes bit-exact."""
+    rd, out = tmp_path / "run", tmp_path / "out"
+    p = run_cli("--run-dir", str(rd), *FAST, "--", TORCHRUN, "--standalone", "--nproc-per-node", "2", DDP_JOB,
+                "--out-dir", str(out), env=sup_env(DDP_FAULTS="1:kill@6:1"), timeout=150)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert ended_kinds(rd) == ["signal", "success"]
+    assert "rank 1 (pid " in events(rd, "attempt_ended")[0]["evidence"]
+    assert_same_weights(out, reference / "out")
+
+
+def test_users_torchrun_with_its_own_restarts_or_no_node_rank_is_refused(tmp_path: Path):
+    rd = tmp_path / "run"
+    p = run_cli("--run-dir", str(rd), "--", TORCHRUN, "--max-restarts", "3", "--nproc-per-node", "2", DDP_JOB)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+    assert "torchrun --max-restarts 3 would restart ranks behind the supervisor" in p.stderr
+    assert not rd.exists()  # bad usage touches nothing
+    p = run_cli("--run-dir", str(rd), "--", TORCHRUN, "--nnodes", "2", "--nproc-per-node", "1", DDP_JOB)
+    assert p.returncode == 2 and "give this node's --node-rank" in p.stderr, p.stderr
