@@ -386,12 +386,13 @@ class Run:
     def _snapshot(self, kind: CheckpointKind, exact: bool) -> ckpt.Snapshot:
         """Collect state (CPU tensors by reference, device tensors copied); the write is synchronous."""
         files: dict[str, Any] = {}
-        # Multi-rank: model/optimizer from rank 0 only (DDP replicas are identical); sharded:
-        # every rank's shards go through DCP in the write itself.
-        lead = (self._dist is None or self.rank == 0) and not self.sharded
-        if self.model is not None and lead:
+        # Multi-rank: DDP replicas are identical, so each is written once, and by different ranks
+        # (model: rank 0, optimizer: the last rank) so the two biggest members are written in
+        # parallel. Sharded: every rank's shards go through DCP in the write itself.
+        single = self._dist is None
+        if self.model is not None and not self.sharded and (single or self.rank == 0):
             files[ckpt.MODEL_FILE] = ckpt.to_cpu(self.model.state_dict())
-        if self.optimizer is not None and lead:
+        if self.optimizer is not None and not self.sharded and (single or self.rank == self.world_size - 1):
             files[ckpt.OPTIMIZER_FILE] = ckpt.to_cpu(self.optimizer.state_dict())
         stream = self._stream_loader  # kept across epochs: a stateful loader's state matters at epoch ends too
         trainer = {
@@ -463,7 +464,8 @@ class Run:
         """The multi-rank commit protocol; every rank calls it at the same step.
 
         rank 0 picks the root and creates `.tmp-step-N`; every rank writes its members there
-        (rank 0: model, optimizer, rank-0.pt; rank R: rank-R.pt); rank 0 gathers every rank's
+        (rank 0: model and rank-0.pt; the last rank: optimizer; rank R: rank-R.pt; sharded: every
+        rank its DCP shards); rank 0 gathers every rank's
         {file: (size, digest)}, writes MANIFEST.json listing them all, renames, repoints latest
         and broadcasts the outcome. A storage failure on any rank fails the save everywhere
         (checkpoint_failed) and training continues; a collective timeout ends the process.
