@@ -3,6 +3,12 @@
 DistributedSampler(shuffle=True), dropout (per-rank RNG), Adam, a per-step LR scheduler.
 Every rank writes its final weights to OUT_DIR/final-rank-<R>.pt.
 
+--fsdp: FSDP2 `fully_shard` (each nn.Linear, then the root) instead of DDP, so the model holds
+DTensor parameters and trainer_shim saves sharded (DCP) checkpoints; the final weights are the
+gathered full state, so the same bitwise comparison applies. --dump-restored PATH: right after
+trainer_shim.init(), rank 0 writes the full restored model and optimizer state and the
+step/epoch/batch counters.
+
 Fault injection: DDP_FAULTS="ATTEMPT:ACTION@STEP[:RANK],..." applies ACTION right after
 run.step() returns at global_step == STEP when $RESILIENT_ATTEMPT == ATTEMPT (or *), on RANK
 only when given (else on every rank). ACTIONs: kill (SIGKILL itself), hang (sleep forever
@@ -44,6 +50,25 @@ def parse_faults(spec: str, attempt: int, rank: int) -> dict[int, str]:
     return out
 
 
+# Collective. cpu_offload=True would gather on rank 0 only (ranks_only=(0,)) and leave the other
+# ranks an empty dict; on CPU there is nothing to offload, so every rank gets the whole state.
+FULL = dict(full_state_dict=True, cpu_offload=False)
+
+
+def full_weights(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The whole weights of an FSDP2 model on this rank, keyed like the plain nn.Sequential's state dict."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(**FULL))
+
+
+def full_optimizer(model: nn.Module, opt: torch.optim.Optimizer) -> dict:
+    """The whole optimizer state of an FSDP2 model, keyed by parameter name (collective)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    return get_optimizer_state_dict(model, opt, options=StateDictOptions(**FULL))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--epochs", type=int, default=3)
@@ -56,6 +81,8 @@ def main() -> None:
     ap.add_argument("--run-dir", default=None)
     ap.add_argument("--heartbeat-interval", type=float, default=1.0)
     ap.add_argument("--collective-timeout", type=float, default=60.0)
+    ap.add_argument("--fsdp", action="store_true", help="FSDP2 fully_shard instead of DDP (sharded checkpoints)")
+    ap.add_argument("--dump-restored", default=None, help="rank 0 writes the state restored by init() here")
     args = ap.parse_args()
 
     dist.init_process_group("gloo")
@@ -72,7 +99,16 @@ def main() -> None:
     sampler = DistributedSampler(ds, shuffle=True, seed=7)
     loader = DataLoader(ds, batch_size=args.batch_size, sampler=sampler)
     net = nn.Sequential(nn.Linear(16, args.hidden), nn.ReLU(), nn.Dropout(0.3), nn.Linear(args.hidden, 1))
-    model = DDP(net)
+    if args.fsdp:
+        from torch.distributed.fsdp import fully_shard
+
+        # Every rank built the same full weights (seed 0); fully_shard keeps each rank's slice.
+        for m in net:
+            if isinstance(m, nn.Linear):
+                fully_shard(m)
+        model = fully_shard(net)
+    else:
+        model = DDP(net)
     torch.manual_seed(100 + rank)  # dropout masks differ per rank: per-rank RNG must be restored
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     sched = torch.optim.lr_scheduler.MultiplicativeLR(opt, lr_lambda=lambda _: 0.995)
@@ -81,6 +117,15 @@ def main() -> None:
     run = trainer_shim.init(model=model, optimizer=opt, scheduler=sched, run_dir=args.run_dir,
                             save_every_steps=args.save_every, collective_timeout=args.collective_timeout,
                             heartbeat_interval=args.heartbeat_interval)
+    if args.dump_restored:
+        # Collective under FSDP: every rank gathers, rank 0 writes.
+        sd = full_weights(model) if args.fsdp else net.state_dict()
+        # Only a restored optimizer: on a fresh one DCP's state-dict call would take a zero-lr
+        # step to create its state, and change the run being observed.
+        osd = (full_optimizer(model, opt) if args.fsdp else opt.state_dict()) if opt.state else None
+        if rank == 0:
+            torch.save({"model": sd, "optim": osd, "global_step": run.global_step, "epoch": run.epoch,
+                        "batch_in_epoch": run.batch_in_epoch}, args.dump_restored)
     for epoch in run.epochs(args.epochs):
         sampler.set_epoch(epoch)
         model.train()
@@ -100,7 +145,7 @@ def main() -> None:
     run.finish()
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    torch.save(net.state_dict(), out / f"final-rank-{rank}.pt")
+    torch.save(full_weights(model) if args.fsdp else net.state_dict(), out / f"final-rank-{rank}.pt")
     print(f"ddp_train: rank {rank} finished step {run.global_step}", flush=True)
     dist.destroy_process_group()
     print(f"ddp_train: rank {rank} destroyed", flush=True)
