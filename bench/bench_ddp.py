@@ -7,8 +7,9 @@ Printed on rank 0, one table:
   state of --mb MiB of parameters; the single-process save is the shim's own write_checkpoint on
   rank 0 while rank 1 waits), target <= 0.75:
     DDP: model.pt from rank 0, optimizer.pt from rank 1, each rank its rank-R.pt;
+    DDP with init(sharded=True): DCP de-duplicates the replicas and spreads their writes;
     FSDP2 (`fully_shard`): every rank writes its own shards through DCP.
-  Rounds alternate baseline / DDP / FSDP2; each side's median and best are shown.
+  Rounds alternate baseline / DDP / DDP-DCP / FSDP2; each side's median and best are shown.
 - the per-step stop/save flag all-reduce, and run.step() with it ÷ without it.
 """
 
@@ -79,6 +80,8 @@ def main() -> None:
     _train_once(ddp_model, ddp_opt)  # replicas stay equal: same seed, same input, no all-reduce needed
     ddp = trainer_shim.init(model=ddp_model, optimizer=ddp_opt, run_dir=root / "ddp", save_on_epoch_end=False,
                             keep_last=1, heartbeat_interval=3600)
+    ddp_dcp = trainer_shim.init(model=ddp_model, optimizer=ddp_opt, run_dir=root / "ddp-dcp", save_on_epoch_end=False,
+                                keep_last=1, heartbeat_interval=3600, sharded=True)
 
     from torch.distributed.fsdp import fully_shard
 
@@ -106,9 +109,10 @@ def main() -> None:
                 raise RuntimeError("bench save failed")
         return save
 
-    times: dict[str, list[float]] = {"single": [], "ddp": [], "fsdp": []}
+    times: dict[str, list[float]] = {"single": [], "ddp": [], "ddp_dcp": [], "fsdp": []}
     for i in range(args.rounds + 1):  # round 0 warms caches and imports, not counted
-        for name, fn in (("single", lambda: single(i)), ("ddp", multi(ddp)), ("fsdp", multi(fsdp))):
+        for name, fn in (("single", lambda: single(i)), ("ddp", multi(ddp)), ("ddp_dcp", multi(ddp_dcp)),
+                         ("fsdp", multi(fsdp))):
             t = _timed(fn)
             if i:
                 times[name].append(t)
@@ -144,6 +148,8 @@ def main() -> None:
             (f"single-process save of {total:.0f} MiB (baseline)", ms("single"), "", ""),
             ("2-rank DDP save (model rank 0, optimizer rank 1)", ms("ddp"),
              f"{med['ddp'] / med['single']:.2f} (best {best['ddp'] / best['single']:.2f})", "<= 0.75"),
+            ("2-rank DDP save, init(sharded=True) (DCP spreads replicas)", ms("ddp_dcp"),
+             f"{med['ddp_dcp'] / med['single']:.2f} (best {best['ddp_dcp'] / best['single']:.2f})", "<= 0.75"),
             ("2-rank FSDP2 sharded save (DCP, each rank its shards)", ms("fsdp"),
              f"{med['fsdp'] / med['single']:.2f} (best {best['fsdp'] / best['single']:.2f})", "<= 0.75"),
             ("stop/save flag all-reduce (gloo, 2 x int32)", f"{ar * 1e6:.0f} us/call", "", ""),

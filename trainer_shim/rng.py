@@ -63,3 +63,27 @@ def restore(state: dict[str, Any], generator: Optional[torch.Generator] = None) 
             torch.cuda.set_rng_state(cuda[i], i)
     if generator is not None and state.get("generator") is not None:
         generator.set_state(state["generator"])
+
+
+def derive(state: dict[str, Any], salt: int) -> dict[str, Any]:
+    """A distinct, reproducible state seeded from `state` and `salt` (the current RNGs are left as they were).
+
+    For a rank that the checkpoint's world did not have: it starts from another rank's state,
+    and without this it would draw the same dropout masks as that rank.
+    """
+    seed = random.Random(f"{_python_state_digest(state)}:{salt}").getrandbits(63)
+    saved = capture()
+    try:
+        random.seed(seed)
+        if np is not None:
+            np.random.seed(seed % (1 << 32))
+        torch.manual_seed(seed)
+        out = capture()
+    finally:
+        restore(saved)
+    out["generator"] = state.get("generator")  # the shared data order stays the shared one
+    return out
+
+
+def _python_state_digest(state: dict[str, Any]) -> int:
+    return hash(tuple(state["python"][1])) ^ int(state["torch"].sum().item())

@@ -152,6 +152,7 @@ class Run:
         self.batch_in_epoch = 0
         self.loss: Optional[float] = None
         self.resumed_from: Optional[str] = None
+        self._rejected_paths: set[str] = set()  # real paths of checkpoints this process refused
         self.state: dict[str, Any] = {}
         self.checkpoint_step: Optional[int] = None
 
@@ -376,12 +377,39 @@ class Run:
                 return d / name
         return None
 
-    @staticmethod
-    def _inexact(path: Path) -> bool:
+    def _reusable(self, step: int, exact: bool) -> Optional[Path]:
+        """The committed checkpoint at `step` that a save there may keep instead of writing, if any.
+
+        One that must not stand for this run's state at the step is moved out of the way: an
+        emergency one when an exact save comes (it was kept only for inspection), one this process
+        rejected (a bit flip the size check cannot see) or that fails the size check, and one
+        another world size wrote (before a reshard: a different timeline).
+        """
+        existing = self._existing(step)
+        if existing is None:
+            return None
+        why = "rejected at resume" if os.path.realpath(existing) in self._rejected_paths else None
+        if why is None:
+            try:
+                m = rundir.inspect_checkpoint(existing).manifest
+                if exact and not m.exact:
+                    why = "inexact (emergency)"
+                elif m.world_size != self.world_size:
+                    why = f"written by {m.world_size} rank(s)"
+            except rundir.InvalidCheckpoint as e:
+                why = f"invalid: {e.reason}"
+        if why is None:
+            return existing
+        trash = existing.parent / f"{rundir.TMP_PREFIX}deleting-{existing.name}"
         try:
-            return not rundir.inspect_checkpoint(path).manifest.exact
-        except rundir.InvalidCheckpoint:
-            return False
+            shutil.rmtree(trash, ignore_errors=True)
+            os.rename(existing, trash)
+            shutil.rmtree(trash, ignore_errors=True)
+        except OSError as e:
+            _say(f"warning: cannot replace checkpoint {existing} ({why}): {e}")
+            return existing
+        _say(f"replacing checkpoint {existing} ({why})")
+        return None
 
     def _snapshot(self, kind: CheckpointKind, exact: bool) -> ckpt.Snapshot:
         """Collect state (CPU tensors by reference, device tensors copied); the write is synchronous."""
@@ -416,17 +444,7 @@ class Run:
         if self._dist is not None:
             return self._save_dist(kind)
         self._last_save_t = time.monotonic()
-        existing = self._existing(self.global_step)
-        if existing is not None and exact and self._inexact(existing):
-            # An exact state at this step supersedes the emergency one, which was kept only for
-            # inspection; keeping it would leave this step without a resumable checkpoint.
-            trash = existing.parent / f"{rundir.TMP_PREFIX}deleting-{existing.name}"
-            try:
-                os.rename(existing, trash)
-                shutil.rmtree(trash, ignore_errors=True)
-                existing = None
-            except OSError as e:
-                _say(f"warning: cannot replace emergency checkpoint {existing}: {e}")
+        existing = self._reusable(self.global_step, exact)
         if existing is not None:
             self._upgrade_kind(existing, kind)
             return existing
@@ -475,7 +493,7 @@ class Run:
         step = self.global_step
         decision: Any = None
         if self.rank == 0:
-            existing = self._existing(step)
+            existing = self._reusable(step, True)
             if existing is not None:
                 self._upgrade_kind(existing, kind)
                 decision = ("exists", str(existing))
@@ -749,6 +767,7 @@ class Run:
     # --- restoring ----------------------------------------------------------------------------
 
     def _reject(self, path: Path, reason: str) -> None:
+        self._rejected_paths.add(os.path.realpath(path))
         _say(f"warning: rejected checkpoint {path}: {reason}")
         self._event("checkpoint_rejected", path=str(path), reason=reason)
 
@@ -910,6 +929,9 @@ class Run:
         k = m.batch_in_epoch * m.world_size // self.world_size if reshard else m.batch_in_epoch
         self.global_step, self.epoch, self.batch_in_epoch = m.global_step, m.epoch, k
         self.loss = tr.get("loss", m.loss)
+        if self.rank >= m.world_size:  # a rank the old world lacked starts from rank 0's RNGs: make them its own
+            tr = {**tr, "rng": rng.derive(tr["rng"], self.rank),
+                  "epoch_rng": rng.derive(tr["epoch_rng"], self.rank) if tr.get("epoch_rng") else None}
         rng.restore(tr["rng"])
         if k > 0 or tr.get("loader_state") is not None:
             self._resume_stream = {"epoch": m.epoch, "batch_in_epoch": k,

@@ -9,8 +9,11 @@ Replicated (DDP) state is de-duplicated by DCP and its writes spread over the ra
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Optional
 
@@ -31,6 +34,14 @@ __all__ = ["METADATA_FILE", "uses_dtensor", "save", "load", "full_model_state"]
 
 METADATA_FILE = ".metadata"
 _MODEL, _OPTIM = "model", "optim"
+
+
+@contextlib.contextmanager
+def _single_process_quiet() -> Iterator[None]:
+    """Silence DCP's warning that it loads in a single process: outside a job that is the intent."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*torch.distributed is .*uninitialized")
+        yield
 
 
 def uses_dtensor(model: Any) -> bool:
@@ -72,6 +83,10 @@ def save(directory: Path, model: Any, optimizer: Any, *, rank: int, group: Any =
     OSError/CheckpointError on every rank alike; a lost peer raises RuntimeError from the collective.
     """
     directory = Path(directory)
+    # An optimizer without state yet (no step taken) is left out: get_state_dict would create its
+    # state with a zero-lr step, and the run's first real step would then differ (Adam's count).
+    if optimizer is not None and not optimizer.state:
+        optimizer = None
     try:
         md = dcp.save(_state(model, optimizer), storage_writer=dcp.FileSystemWriter(str(directory)),
                       process_group=group, no_dist=group is None)
@@ -84,6 +99,7 @@ def save(directory: Path, model: Any, optimizer: Any, *, rank: int, group: Any =
     files = {}
     for n in sorted(names):
         fp = directory / n
+        os.chmod(fp, 0o600)  # DCP creates 0644; the shim's own files are owner-only
         files[n] = FileEntry(fp.stat().st_size, rundir.digest_file(fp))
     referenced = {info.relative_path for info in md.storage_data.values()} | {METADATA_FILE}
     return files, referenced
@@ -91,10 +107,17 @@ def save(directory: Path, model: Any, optimizer: Any, *, rank: int, group: Any =
 
 def load(directory: Path, model: Any, optimizer: Any, *, group: Any = None) -> None:
     """Collective: load the DCP set in `directory` into `model` (and `optimizer`) in place, resharding as needed."""
+    reader = dcp.FileSystemReader(str(directory))
+    try:
+        keys = reader.read_metadata().state_dict_metadata
+    except (OSError, ValueError, RuntimeError) as e:
+        raise CheckpointError(f"sharded (DCP) metadata unreadable: {e}") from None
+    if not any(k.startswith(_OPTIM + ".") for k in keys):
+        optimizer = None  # saved before the optimizer's first step: it had no state to restore
     sd = _state(model, optimizer)
     try:
-        dcp.load(sd, storage_reader=dcp.FileSystemReader(str(directory)), process_group=group,
-                 no_dist=group is None)
+        with _single_process_quiet():
+            dcp.load(sd, storage_reader=reader, process_group=group, no_dist=group is None)
     except CheckpointException as e:
         err = _storage_failure(e)
         raise CheckpointError(f"sharded (DCP) load failed: {err}") from None
@@ -109,6 +132,7 @@ def full_model_state(directory: Path) -> dict[str, Any]:
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
 
     try:
-        return _load_state_dict_from_keys({_MODEL}, checkpoint_id=str(directory))[_MODEL]
+        with _single_process_quiet():
+            return _load_state_dict_from_keys({_MODEL}, checkpoint_id=str(directory))[_MODEL]
     except CheckpointException as e:
         raise CheckpointError(f"sharded (DCP) load failed: {_storage_failure(e)}") from None

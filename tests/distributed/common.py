@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -13,18 +14,28 @@ DDP_JOB = str(JOBS / "ddp_train.py")
 FAST = ["--backoff", "0", "--heartbeat-timeout", "5", "--grace-period", "20"]
 
 
-def ddp_run(tmp: Path, name: str, *job_args: str, faults: str = "", extra: tuple[str, ...] = (), timeout: float = 150):
+def ddp_run(tmp: Path, name: str, *job_args: str, faults: str = "", nproc: int = 2, extra: tuple[str, ...] = (),
+            env: Optional[dict[str, str]] = None, timeout: float = 150):
+    """Run the job under the supervisor CLI in tmp/name/{run,out}; returns (process, run dir, out dir)."""
     (tmp / name).mkdir(parents=True, exist_ok=True)
     rd, out = tmp / name / "run", tmp / name / "out"
-    p = run_cli("--nproc-per-node", "2", "--run-dir", str(rd), *FAST, *extra, DDP_JOB, "--out-dir", str(out), *job_args,
-                env=sup_env(DDP_FAULTS=faults), timeout=timeout)
+    p = run_cli("--nproc-per-node", str(nproc), "--run-dir", str(rd), *FAST, *extra, DDP_JOB, "--out-dir", str(out),
+                *job_args, env=sup_env(DDP_FAULTS=faults, **(env or {})), timeout=timeout)
     return p, rd, out
 
 
+def weights(path: Path) -> dict[str, torch.Tensor]:
+    return torch.load(path, weights_only=True)
+
+
+def assert_equal_state(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], what: str) -> None:
+    assert got.keys() == want.keys(), what
+    for k in want:
+        assert torch.equal(got[k], want[k]), f"{what}: {k} differs"
+
+
 def assert_same_weights(out: Path, ref: Path) -> None:
+    """Every rank's final weights in `out` are bitwise those of the uninterrupted run in `ref`."""
     for r in (0, 1):
-        a = torch.load(ref / f"final-rank-{r}.pt", weights_only=True)
-        b = torch.load(out / f"final-rank-{r}.pt", weights_only=True)
-        assert a.keys() == b.keys()
-        for k in a:
-            assert torch.equal(a[k], b[k]), f"rank {r} {k} differs from the uninterrupted run"
+        assert_equal_state(weights(out / f"final-rank-{r}.pt"), weights(ref / f"final-rank-{r}.pt"),
+                           f"rank {r} vs the uninterrupted run")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -18,47 +19,24 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
 import trainer_shim
-from tests.conftest import JOBS
+from tests.distributed.common import DDP_JOB, FAST, assert_equal_state, assert_same_weights, ddp_run, weights
 from tests.supervisor.helpers import ended_kinds, events, run_cli, sup_env
 from trainer_shim import rundir
 from trainer_shim.errors import CheckpointError
 
-DDP_JOB = str(JOBS / "ddp_train.py")
-FAST = ["--backoff", "0", "--heartbeat-timeout", "5", "--grace-period", "20"]
 HIDDEN = 32  # ddp_train.py's default --hidden
 STEPS_PER_EPOCH_2_RANKS = 8  # 128 samples / (2 ranks x batch 8)
 SHARDS = {".metadata", "__0_0.distcp", "__1_0.distcp"}
 
 
-def fsdp_run(tmp: Path, name: str, *job_args: str, faults: str = "", nproc: int = 2, extra: tuple[str, ...] = (),
-             env: dict[str, str] | None = None, timeout: float = 150):
-    """Run the FSDP job under the supervisor CLI in tmp/name/{run,out}; returns (process, run dir, out dir)."""
-    (tmp / name).mkdir(parents=True, exist_ok=True)
-    rd, out = tmp / name / "run", tmp / name / "out"
-    p = run_cli("--nproc-per-node", str(nproc), "--run-dir", str(rd), *FAST, *extra, DDP_JOB, "--fsdp",
-                "--out-dir", str(out), *job_args, env=sup_env(DDP_FAULTS=faults, **(env or {})), timeout=timeout)
-    return p, rd, out
+def fsdp_run(tmp: Path, name: str, *job_args: str, **kw: Any):
+    """ddp_run of the job with --fsdp (its parameters are DTensors: the shim saves through DCP)."""
+    return ddp_run(tmp, name, "--fsdp", *job_args, **kw)
 
 
 def plain_net() -> nn.Sequential:
     """The job's model without FSDP: what a user loads a sharded checkpoint into for inference."""
     return nn.Sequential(nn.Linear(16, HIDDEN), nn.ReLU(), nn.Dropout(0.3), nn.Linear(HIDDEN, 1))
-
-
-def weights(path: Path) -> dict[str, torch.Tensor]:
-    return torch.load(path, weights_only=True)
-
-
-def assert_equal_state(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], what: str) -> None:
-    assert got.keys() == want.keys(), what
-    for k in want:
-        assert torch.equal(got[k], want[k]), f"{what}: {k} differs"
-
-
-def assert_same_weights(out: Path, ref: Path) -> None:
-    for r in (0, 1):
-        assert_equal_state(weights(out / f"final-rank-{r}.pt"), weights(ref / f"final-rank-{r}.pt"),
-                           f"rank {r} vs the uninterrupted run")
 
 
 def copy_run(src: Path, dst: Path) -> Path:
@@ -73,7 +51,7 @@ def newest(run_dir: Path) -> rundir.CheckpointInfo:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> Path:
+def fsdp_reference(tmp_path_factory) -> Path:
     """The uninterrupted 2-rank FSDP run every fault test must reproduce bit for bit."""
     tmp = tmp_path_factory.mktemp("fsdp-ref")
     p, rd, _out = fsdp_run(tmp, "ref")
@@ -85,8 +63,8 @@ def reference(tmp_path_factory) -> Path:
 # --- format -----------------------------------------------------------------------------------------
 
 
-def test_checkpoints_are_per_rank_shards_never_a_gathered_model(reference: Path):
-    ckpts = rundir.iter_checkpoint_dirs([reference / "run" / "checkpoints"])
+def test_checkpoints_are_per_rank_shards_never_a_gathered_model(fsdp_reference: Path):
+    ckpts = rundir.iter_checkpoint_dirs([fsdp_reference / "run" / "checkpoints"])
     assert [step for step, _, _ in ckpts][:2] == [24, 20]
     for _step, path, _root in ckpts:
         m = rundir.inspect_checkpoint(path, full=True).manifest
@@ -95,13 +73,13 @@ def test_checkpoints_are_per_rank_shards_never_a_gathered_model(reference: Path)
         # (each rank's own) plus each rank's small trainer state.
         assert set(m.files) == SHARDS | {"rank-0.pt", "rank-1.pt"}, path
     # The gathered final weights are the same on both ranks (FSDP replicas of the full state).
-    assert_equal_state(weights(reference / "out" / "final-rank-1.pt"), weights(reference / "out" / "final-rank-0.pt"),
-                       "rank 1 vs rank 0")
+    out = fsdp_reference / "out"
+    assert_equal_state(weights(out / "final-rank-1.pt"), weights(out / "final-rank-0.pt"), "rank 1 vs rank 0")
 
 
 @pytest.mark.parametrize("damage", ["delete", "bitflip"])
-def test_a_damaged_shard_makes_the_checkpoint_invalid(reference: Path, tmp_path: Path, damage: str):
-    ck = newest(reference / "run")
+def test_a_damaged_shard_makes_the_checkpoint_invalid(fsdp_reference: Path, tmp_path: Path, damage: str):
+    ck = newest(fsdp_reference / "run")
     broken = tmp_path / "checkpoints" / ck.path.name
     shutil.copytree(ck.path, broken)
     shard = broken / "__1_0.distcp"
@@ -119,11 +97,11 @@ def test_a_damaged_shard_makes_the_checkpoint_invalid(reference: Path, tmp_path:
         trainer_shim.load(broken, model=plain_net())
 
 
-def test_bitflipped_shard_is_rejected_at_resume_and_the_older_checkpoint_continues_exactly(reference: Path,
-                                                                                           tmp_path: Path):
+def test_bitflipped_shard_is_rejected_at_resume_and_the_older_checkpoint_continues_exactly(
+        fsdp_reference: Path, tmp_path: Path):
     # The supervisor only checks sizes; the ranks split the digest work (_verify_share), so the
     # rank that hashes rank 1's shard must reject the checkpoint for every rank.
-    rd = copy_run(reference / "run", tmp_path / "flip" / "run")
+    rd = copy_run(fsdp_reference / "run", tmp_path / "flip" / "run")
     shard = rd / "checkpoints" / rundir.checkpoint_name(24) / "__1_0.distcp"
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0x01
@@ -139,13 +117,16 @@ def test_bitflipped_shard_is_rejected_at_resume_and_the_older_checkpoint_continu
                for e in rejected), rejected
     log = (rd / "logs" / f"attempt-{before + 1:04d}.log").read_text()
     assert f"resumed from {rd.resolve() / 'checkpoints' / rundir.checkpoint_name(20)} (step 20" in log, log[-2000:]
-    assert_same_weights(out, reference / "out")
+    assert_same_weights(out, fsdp_reference / "out")
+    # Back at step 24 the corrupt checkpoint is replaced, not kept: the run's newest is sound.
+    assert f"replacing checkpoint {rd.resolve() / 'checkpoints' / rundir.checkpoint_name(24)} (rejected at resume)" in log
+    assert newest(rd).step == 24
 
 
 # --- faults ---------------------------------------------------------------------------------------
 
 
-def test_sigkill_of_either_rank_over_attempts_is_bit_exact(reference: Path, tmp_path: Path):
+def test_sigkill_of_either_rank_over_attempts_is_bit_exact(fsdp_reference: Path, tmp_path: Path):
     # rank 1 mid-epoch between saves; rank 0 right after the step-12 save committed (its shards
     # and the manifest must be complete the moment run.step() returns).
     p, rd, out = fsdp_run(tmp_path, "kills", faults="1:kill@6:1,2:kill@12:0")
@@ -156,7 +137,7 @@ def test_sigkill_of_either_rank_over_attempts_is_bit_exact(reference: Path, tmp_
     assert ev[1].startswith("exit code 1; rank 0 (pid ") and "killed by SIGKILL" in ev[1].split(",")[0], ev[1]
     assert [e["resume_from"] for e in events(rd, "attempt_started")][1:] == [
         str(rd.resolve() / "checkpoints" / rundir.checkpoint_name(s)) for s in (4, 12)]
-    assert_same_weights(out, reference / "out")
+    assert_same_weights(out, fsdp_reference / "out")
 
 
 # --- reshard 2 -> 1 -----------------------------------------------------------------------------------
@@ -227,11 +208,11 @@ def test_reshard_two_ranks_to_one_is_refused_unless_allowed_then_restores_model_
 # --- inference load in one plain process ---------------------------------------------------------------
 
 
-def test_load_into_a_plain_module_in_one_process_gives_the_full_weights(reference: Path):
-    final = weights(reference / "out" / "final-rank-0.pt")
+def test_load_into_a_plain_module_in_one_process_gives_the_full_weights(fsdp_reference: Path):
+    final = weights(fsdp_reference / "out" / "final-rank-0.pt")
     net = plain_net()
-    res = trainer_shim.load(reference / "run", model=net)  # a run dir: its newest valid checkpoint
-    assert res.path == newest(reference / "run").path and res.manifest.global_step == 24
+    res = trainer_shim.load(fsdp_reference / "run", model=net)  # a run dir: its newest valid checkpoint
+    assert res.path == newest(fsdp_reference / "run").path and res.manifest.global_step == 24
     assert res.manifest.sharded and res.missing_keys == [] and res.unexpected_keys == []
     assert_equal_state(net.state_dict(), final, "plain module loaded from the sharded checkpoint")
     # Without a model: the whole state dict, for export.

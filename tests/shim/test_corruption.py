@@ -63,6 +63,13 @@ def test_corrupt_truncated_and_malicious_are_skipped(run_dir: Path, refs, tmp_pa
     assert [Path(e["path"]).name for e in ev] == ["step-00000015", "step-00000012", "step-00000010"]
     assert all(e["reason"] for e in ev)
     assert_same_weights(ref / "final_weights.pt", run_dir / "final_weights.pt")
+    # Passing those steps again, the run writes them anew instead of keeping the damaged dirs.
+    assert len(shim_lines(p, "replacing checkpoint")) == 3, p.stderr
+    left = rundir.iter_checkpoint_dirs([ck])  # what rotation kept, step 12 (an epoch end) among them
+    assert 12 in [step for step, _, _ in left]
+    for _step, path, _root in left:
+        rundir.inspect_checkpoint(path, full=True)
+    assert not marker.exists()
 
 
 def test_load_refuses_malicious_and_loads_good(refs, tmp_path: Path) -> None:
