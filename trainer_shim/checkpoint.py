@@ -58,6 +58,15 @@ class HashingWriter:
     def writable(self) -> bool:
         return True
 
+    def tell(self) -> int:
+        return self.nbytes  # the file was created empty and is only appended to
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def close(self) -> None:
+        pass  # the fd belongs to whoever opened it
+
     def digest(self) -> str:
         return self.hasher.hexdigest()
 

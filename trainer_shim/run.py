@@ -475,7 +475,7 @@ class Run:
 
     def _write_shards(self, tmp: Path) -> dict[str, rundir.FileEntry]:
         """Single process: the DCP set of model and optimizer (no collectives)."""
-        files, _referenced = _sharded().save(tmp, self.model, self.optimizer, rank=0)
+        files, _referenced = _sharded().save(tmp, self.model, self.optimizer, rank=0, progress=self._on_progress)
         return files
 
     def _save_dist(self, kind: CheckpointKind) -> Optional[Path]:
@@ -540,8 +540,10 @@ class Run:
                 referenced: set[str] = set()
                 if self.sharded:  # collective: every rank takes part even after its own failure
                     try:
+                        base = written
                         shards, referenced = d.guard("sharded checkpoint write", _sharded().save, tmp, self.model,
-                                                     self.optimizer, rank=self.rank, group=d.group)
+                                                     self.optimizer, rank=self.rank, group=d.group,
+                                                     progress=lambda n: self._on_progress(base + n))
                         mine.update({f: (e.size, e.xxh3_128) for f, e in shards.items()})
                     except (OSError, CheckpointError) as e:
                         err = err or f"rank {self.rank}: {type(e).__name__}: {e}"

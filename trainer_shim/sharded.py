@@ -13,12 +13,13 @@ import contextlib
 import os
 import re
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Optional
 
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_state_dict,
@@ -27,6 +28,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from . import rundir
+from .checkpoint import HashingWriter
 from .errors import CheckpointError
 from .rundir import FileEntry
 
@@ -75,7 +77,45 @@ def _storage_failure(e: CheckpointException) -> Exception:
     return CheckpointError(f"sharded (DCP) write failed: {what}")
 
 
-def save(directory: Path, model: Any, optimizer: Any, *, rank: int, group: Any = None) -> tuple[dict[str, FileEntry], set[str]]:
+class _HashingFileSystem(FileSystem):
+    """DCP's file system, but every file it writes is hashed (and counted for progress) as it is written.
+
+    Re-reading shards to hash them afterwards would double the I/O of a save whose shards no
+    longer fit the page cache.
+    """
+
+    def __init__(self, progress: Callable[[int], None]) -> None:
+        super().__init__()
+        self.entries: dict[str, FileEntry] = {}
+        self._progress = progress
+        self._done = 0  # bytes of the files already closed
+
+    @contextlib.contextmanager
+    def create_stream(self, path: Any, mode: str) -> Iterator[Any]:
+        if "w" not in mode:
+            with super().create_stream(path, mode) as stream:
+                yield stream
+            return
+        path = Path(path)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        base = self._done
+        w = HashingWriter(fd, lambda n: self._progress(base + n))
+        try:
+            yield w
+        finally:
+            os.close(fd)
+        self._done += w.nbytes
+        self.entries[path.name] = FileEntry(w.nbytes, w.digest())
+
+    def rename(self, path: Any, new_path: Any) -> None:  # .metadata is written as a temp file first
+        super().rename(path, new_path)
+        ent = self.entries.pop(Path(path).name, None)
+        if ent is not None:
+            self.entries[Path(new_path).name] = ent
+
+
+def save(directory: Path, model: Any, optimizer: Any, *, rank: int, group: Any = None,
+         progress: Callable[[int], None] = lambda n: None) -> tuple[dict[str, FileEntry], set[str]]:
     """Collective: write this rank's shards (and rank 0 the metadata) into `directory`.
 
     Returns (this rank's files with size and digest, every file the DCP metadata references),
@@ -83,13 +123,16 @@ def save(directory: Path, model: Any, optimizer: Any, *, rank: int, group: Any =
     OSError/CheckpointError on every rank alike; a lost peer raises RuntimeError from the collective.
     """
     directory = Path(directory)
+    writer = dcp.FileSystemWriter(str(directory))
+    fs = _HashingFileSystem(progress)
+    if isinstance(getattr(writer, "fs", None), FileSystem):  # else: hashed after the fact below
+        writer.fs = fs
     # An optimizer without state yet (no step taken) is left out: get_state_dict would create its
     # state with a zero-lr step, and the run's first real step would then differ (Adam's count).
     if optimizer is not None and not optimizer.state:
         optimizer = None
     try:
-        md = dcp.save(_state(model, optimizer), storage_writer=dcp.FileSystemWriter(str(directory)),
-                      process_group=group, no_dist=group is None)
+        md = dcp.save(_state(model, optimizer), storage_writer=writer, process_group=group, no_dist=group is None)
     except CheckpointException as e:
         raise _storage_failure(e) from None
     mine = re.compile(rf"^__{rank}_\d+\.distcp$")
@@ -99,8 +142,11 @@ def save(directory: Path, model: Any, optimizer: Any, *, rank: int, group: Any =
     files = {}
     for n in sorted(names):
         fp = directory / n
-        os.chmod(fp, 0o600)  # DCP creates 0644; the shim's own files are owner-only
-        files[n] = FileEntry(fp.stat().st_size, rundir.digest_file(fp))
+        ent = fs.entries.get(n)
+        if ent is None or ent.size != fp.stat().st_size:  # a DCP that bypassed our file system
+            os.chmod(fp, 0o600)  # owner-only, like the shim's own files
+            ent = FileEntry(fp.stat().st_size, rundir.digest_file(fp))
+        files[n] = ent
     referenced = {info.relative_path for info in md.storage_data.values()} | {METADATA_FILE}
     return files, referenced
 
