@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import fcntl
+import json
 import os
 import select
 import signal
@@ -26,7 +27,7 @@ from trainer_shim.rundir import (
 from . import procs
 from .cgroup import KernelLog, MemoryCgroup
 from .classify import AttemptFacts, Kind, classify
-from .launch import parse_torchrun_failure
+from .launch import parse_torchrun_failure, standby_command
 from .config import Config
 from .errors import EXIT_GAVE_UP, EXIT_OK, EXIT_STOPPED, LockedError, RunDirError
 from .heartbeat import HeartbeatEvents, HeartbeatMonitor
@@ -103,6 +104,14 @@ class _Attempt:
     resumed_known: bool = False
 
 
+@dataclasses.dataclass
+class _Standby:
+    """A launcher started ahead of need (trainer_shim.standby): attempt `number`'s process and log."""
+
+    number: int
+    child: procs.Child
+
+
 class Supervisor:
     """Runs `config.command` until it succeeds, the policy gives up, or a stop is requested."""
 
@@ -116,6 +125,7 @@ class Supervisor:
         )
         self.notifier = Notifier.from_env()
         self.attempt: Optional[_Attempt] = None
+        self._standby: Optional[_Standby] = None
         self.attempt_no = 0
         self.restart_at: Optional[float] = None
         self.next_resume: Optional[str] = None
@@ -354,6 +364,7 @@ class Supervisor:
         # resumed_from is always null; only a later beat says what was actually loaded.
         if hb is not None and not a.resumed_known and hb.get("phase") != rd_mod.Phase.STARTING.value:
             a.resumed_known = True
+            self._prestart()  # the job is past its own start-up: the next launcher's imports may run now
             loaded = hb.get("resumed_from")
             a.resumed_from = str(loaded) if loaded and loaded != RESUME_NONE else None
         if hb is not None and (before is None or before.get("step") != hb.get("step") or before.get("phase") != hb.get("phase")):
@@ -407,13 +418,7 @@ class Supervisor:
         info = newest_valid(checkpoint_roots(self.rd), exclude=self.poisoned, on_reject=reject)
         return str(info.path) if info else None
 
-    def _start_attempt(self) -> None:
-        self.restart_at = None
-        chosen = self.next_resume if self.next_resume is not None else self._choose_checkpoint()
-        self.next_resume = None
-        self.attempt_no += 1
-        self.attempts_total += 1
-        n = self.attempt_no
+    def _attempt_env(self, n: int, chosen: Optional[str]) -> dict[str, str]:
         env = child_environ(os.environ)
         env.update(self.config.env_dict)
         env.setdefault("PYTHONUNBUFFERED", "1")
@@ -428,11 +433,18 @@ class Supervisor:
             env[ENV_NODE] = str(self.rd.node)
         else:
             env.pop(ENV_NODE, None)
-        log_path = self.rd.attempt_log(n)
-        while log_path.exists():  # never overwrite a log, even one an event did not record
-            n = self.attempt_no = n + 1
-            env[ENV_ATTEMPT] = str(n)
-            log_path = self.rd.attempt_log(n)
+        return env
+
+    def _next_log_number(self) -> int:
+        n = self.attempt_no + 1
+        while self.rd.attempt_log(n).exists():  # never overwrite a log, even one an event did not record
+            n += 1
+        return n
+
+    def _start_attempt(self) -> None:
+        self.restart_at = None
+        chosen = self.next_resume if self.next_resume is not None else self._choose_checkpoint()
+        self.next_resume = None
         # Heartbeats of an earlier process (a standalone run also calls itself attempt 1) must not
         # pass for this attempt's: nothing of ours is alive now, so they are all stale (another
         # node's ranks are that node's business).
@@ -446,10 +458,19 @@ class Supervisor:
                 pass
         kernel_log = KernelLog()
         oom_base = self._cgroup.oom_kills() if self._cgroup else 0
-        child = procs.spawn(self.config.command, env=env, cwd=self.config.working_dir, log_path=log_path,
-                            cgroup_procs=self._cgroup.procs_file if self._cgroup else None)
-        if child.log_file is None:
-            say(f"cannot write {log_path}; the child's output goes to the terminal only")
+        child = self._activate_standby(chosen)
+        prestarted = child is not None
+        if self._standby is not None and prestarted:
+            n, self._standby = self._standby.number, None
+        else:
+            n = self._next_log_number()
+            log_path = self.rd.attempt_log(n)
+            child = procs.spawn(self.config.command, env=self._attempt_env(n, chosen), cwd=self.config.working_dir,
+                                log_path=log_path, cgroup_procs=self._cgroup.procs_file if self._cgroup else None)
+            if child.log_file is None:
+                say(f"cannot write {log_path}; the child's output goes to the terminal only")
+        self.attempt_no = n
+        self.attempts_total += 1
         now = time.monotonic()
         self.attempt = _Attempt(
             number=n, child=child, chosen=chosen, started=now,
@@ -457,10 +478,62 @@ class Supervisor:
             seen={p.pid: p for p in procs.tree(child.pid)}, last_scan=now, resumed_from=chosen,
         )
         self.state = State.RUNNING
-        self._emit("attempt_started", pid=child.pid, resume_from=chosen, command=list(self.config.command))
+        self._emit("attempt_started", pid=child.pid, resume_from=chosen, command=list(self.config.command),
+                   prestarted=prestarted)
         self._write_state()
         say(f"attempt {n} started (pid {child.pid}), " + (f"resuming from {chosen}" if chosen else "starting fresh"))
         self.notifier.status(self._status_line())
+
+    # --- the prestarted launcher ---------------------------------------------------------------
+
+    def _prestart(self) -> None:
+        """Start the next attempt's torchrun now, so that a restart does not wait for its imports."""
+        argv = standby_command(self.config.command) if self.config.prestart else None
+        if argv is None or self._standby is not None or self.stop_requested or self.exit_code is not None:
+            return
+        n = self._next_log_number()
+        env = child_environ(os.environ)
+        env.update(self.config.env_dict)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        try:
+            child = procs.spawn(argv, env=env, cwd=self.config.working_dir, log_path=self.rd.attempt_log(n),
+                                stdin_pipe=True)
+        except OSError as e:
+            say(f"cannot prestart the next attempt's launcher ({e.strerror or e}); restarts start it cold")
+            return
+        self._standby = _Standby(n, child)
+
+    def _activate_standby(self, chosen: Optional[str]) -> Optional[procs.Child]:
+        """Hand the prestarted launcher its attempt's environment; None when there is none usable."""
+        sb = self._standby
+        if sb is None:
+            return None
+        if sb.number <= self.attempt_no or sb.child.poll() is not None or sb.child.popen.stdin is None:
+            self._discard_standby()
+            return None
+        try:
+            if self._cgroup is not None:  # joined only now: idle, it must not eat the job's memory budget
+                with open(self._cgroup.procs_file, "w") as f:
+                    f.write(str(sb.child.pid))
+            line = json.dumps({"env": self._attempt_env(sb.number, chosen)}) + "\n"
+            sb.child.popen.stdin.write(line.encode())
+            sb.child.popen.stdin.close()
+        except OSError as e:
+            say(f"prestarted launcher unusable ({e.strerror or e}); starting the attempt cold")
+            self._discard_standby()
+            return None
+        return sb.child
+
+    def _discard_standby(self) -> None:
+        sb, self._standby = self._standby, None
+        if sb is None:
+            return
+        procs.kill_tree(sb.child.pid, grace=0, tick=self._tick, reap=sb.child.poll)
+        sb.child.close()
+        try:
+            sb.child.log_path.unlink()  # the log of an attempt that never ran
+        except OSError:
+            pass
 
     def _after_attempt(self, rc: int) -> None:
         a = self.attempt
@@ -515,6 +588,7 @@ class Supervisor:
                 say("giving up: crash loop and no older checkpoint is left")
                 return
             self.next_resume = resume
+            self._prestart()  # if the attempt died before it could be started: imports during the backoff
             self.restart_at = time.monotonic() + decision.delay_s
             self.state = State.RESTARTING
             self._emit("restarting", delay_s=decision.delay_s, resume_from=resume)
@@ -573,6 +647,7 @@ class Supervisor:
         return errors[0]
 
     def _finish(self, state: State, code: int) -> None:
+        self._discard_standby()
         self.state = state
         self.exit_code = code
         self._write_state()
@@ -592,7 +667,7 @@ class Supervisor:
             "supervisor_create_time": me.create_time if me else None,
             "child_pid": a.child.pid if a else None,
             "child_create_time": a.child.identity.create_time if a else None,
-            "child_cmdline": list(self.config.command) if a else None,
+            "child_cmdline": list(a.child.popen.args) if a else None,
             "attempt": self.attempt_no or None, "restarts": self.policy.restarts,
             "started_at": self._started_at, "updated_at": now_iso(),
             "config": _json_config(self.config),
@@ -661,6 +736,7 @@ class Supervisor:
     # --- cleanup -------------------------------------------------------------------------------
 
     def _cleanup(self) -> None:
+        self._discard_standby()
         if self.attempt is not None:
             # We are leaving (error or forced exit): no trainer may outlive its supervisor.
             self._kill_attempt(grace=min(self.config.grace_period, CHILD_EXIT_GRACE))

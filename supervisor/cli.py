@@ -90,6 +90,7 @@ def run(
     nnodes: Optional[int] = typer.Option(None, "--nnodes", help="Number of nodes (with --nproc-per-node; >1 needs --node-rank and --rdzv-endpoint)."),
     node_rank: Optional[int] = typer.Option(None, "--node-rank", help="This node's rank, 0..nnodes-1."),
     rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint", help="HOST:PORT of the c10d rendezvous, the same on every node."),
+    prestart: Optional[bool] = typer.Option(None, "--prestart/--no-prestart", help="torchrun jobs: import the next attempt's launcher ahead of a restart (default on; ~250 MB idle)."),
 ) -> None:
     """Run SCRIPT.py (under this Python) or `-- COMMAND` and keep it alive until it succeeds."""
     from .agent import Supervisor  # imported here so `status` stays quick
@@ -104,6 +105,7 @@ def run(
         "grace_period": grace_period, "memory_limit": memory_limit, "no_restart_exit_codes": no_restart_exit_codes,
         "working_dir": str(working_dir) if working_dir else None,
         "nproc_per_node": nproc_per_node, "nnodes": nnodes, "node_rank": node_rank, "rdzv_endpoint": rdzv_endpoint,
+        "prestart": prestart,
     }
     cfg: Config = build_config(file_values, cli_values)
     if not tokens and cfg.script and not os.path.isfile(cfg.script):

@@ -47,6 +47,7 @@ class Config:
     nnodes: Optional[int] = None
     node_rank: Optional[int] = None
     rdzv_endpoint: Optional[str] = None
+    prestart: bool = True             # torchrun jobs: start the next attempt's launcher ahead of need
 
     @property
     def env_dict(self) -> dict[str, str]:
@@ -133,6 +134,10 @@ def _validate(values: dict[str, Any], source: str) -> dict[str, Any]:
                 if n <= 0:
                     raise ConfigError(f"{key}: must be > 0 seconds, got {value!r}")
                 out[key] = n
+            elif key == "prestart":
+                if not isinstance(value, bool):
+                    raise ConfigError(f"prestart: expected true or false, got {value!r}")
+                out[key] = value
             elif key == "memory_limit":
                 out[key] = parse_size(value, key)
             elif key == "no_restart_exit_codes":

@@ -16,7 +16,10 @@ from typing import Optional, Sequence
 
 from .errors import ConfigError
 
-__all__ = ["torchrun_command", "parse_torchrun_failure", "TorchrunOptions", "torchrun_options"]
+__all__ = ["torchrun_command", "parse_torchrun_failure", "TorchrunOptions", "torchrun_options", "standby_command"]
+
+_TORCHRUN_MODULE = "torch.distributed.run"
+STANDBY_MODULE = "trainer_shim.standby"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,7 +80,7 @@ def torchrun_command(
     python: str = sys.executable,
 ) -> tuple[str, ...]:
     """argv running `script args` on nproc_per_node local ranks (and nnodes nodes when > 1)."""
-    cmd = [python, "-m", "torch.distributed.run", "--max-restarts", "0", "--nproc-per-node", str(nproc_per_node)]
+    cmd = [python, "-m", _TORCHRUN_MODULE, "--max-restarts", "0", "--nproc-per-node", str(nproc_per_node)]
     if (nnodes or 1) <= 1:
         if rdzv_endpoint or (node_rank or 0) != 0:
             raise ConfigError("rdzv_endpoint/node_rank need nnodes > 1; a single node uses --standalone")
@@ -94,6 +97,14 @@ def torchrun_command(
         cmd += ["--nnodes", str(nnodes), "--node-rank", str(node_rank), "--rdzv-backend", "c10d",
                 "--rdzv-endpoint", rdzv_endpoint, "--rdzv-id", rdzv_id]
     return (*cmd, script, *args)
+
+
+def standby_command(command: Sequence[str]) -> Optional[tuple[str, ...]]:
+    """The argv of a standby launcher for `command` (`python -m torch.distributed.run ...` under our own
+    Python, where trainer_shim is importable), else None: any other command starts cold."""
+    if len(command) >= 3 and command[0] == sys.executable and tuple(command[1:3]) == ("-m", _TORCHRUN_MODULE):
+        return (command[0], "-m", STANDBY_MODULE, *command[3:])
+    return None
 
 
 # torchrun's failure summary (torch.distributed.elastic ChildFailedError), e.g.

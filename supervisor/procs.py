@@ -204,8 +204,11 @@ def spawn(
     cwd: Optional[str],
     log_path: Path,
     cgroup_procs: Optional[str] = None,
+    stdin_pipe: bool = False,
 ) -> Child:
     """Start the child in a new session/process group; must be called from the main thread.
+
+    `stdin_pipe` gives the child a pipe from us as stdin (a standby launcher reads its go from it).
 
     PR_SET_PDEATHSIG fires when the *thread* that forked exits, so spawning from a helper
     thread would kill the child when that thread ends.
@@ -218,7 +221,7 @@ def spawn(
     except OSError:
         log_file = None  # run dir full or read-only: supervise anyway, say so upstream
     popen = subprocess.Popen(
-        list(argv), env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        list(argv), env=env, cwd=cwd, stdin=subprocess.PIPE if stdin_pipe else subprocess.DEVNULL, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, start_new_session=True, preexec_fn=_preexec(cgroup_procs),
         close_fds=True,
     )

@@ -8,11 +8,21 @@ from tests.distributed.common import ddp_run
 from tests.supervisor.helpers import ended_kinds
 
 
-@pytest.fixture(scope="session")
-def reference(tmp_path_factory) -> Path:
-    """The uninterrupted 2-rank DDP run every fault test must reproduce bit for bit."""
-    tmp = tmp_path_factory.mktemp("ddp-ref")
-    p, rd, out = ddp_run(tmp, "ref")
+def _uninterrupted(tmp_path_factory, name: str, *job_args: str) -> Path:
+    tmp = tmp_path_factory.mktemp(name)
+    p, rd, _out = ddp_run(tmp, "ref", *job_args)
     assert p.returncode == 0, p.stderr[-3000:]
     assert ended_kinds(rd) == ["success"]
     return tmp / "ref"
+
+
+@pytest.fixture(scope="session")
+def reference(tmp_path_factory) -> Path:
+    """The uninterrupted 2-rank DDP run every fault test must reproduce bit for bit."""
+    return _uninterrupted(tmp_path_factory, "ddp-ref")
+
+
+@pytest.fixture(scope="session")
+def fsdp_reference(tmp_path_factory) -> Path:
+    """The uninterrupted 2-rank FSDP2 run (the job with --fsdp)."""
+    return _uninterrupted(tmp_path_factory, "fsdp-ref", "--fsdp")

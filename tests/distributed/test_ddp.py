@@ -11,8 +11,8 @@ import signal
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
-import torch
 
 from supervisor.config import build_config
 from supervisor.errors import ConfigError
@@ -70,6 +70,19 @@ def test_sigkill_of_either_rank_over_attempts_is_bit_exact(reference: Path, tmp_
     assert ev[1].startswith("exit code 1; rank 0 (pid ") and "killed by SIGKILL" in ev[1].split(",")[0]
     assert [e["resume_from"] for e in events(rd, "attempt_started")][1:] == [
         str(rd.resolve() / "checkpoints" / rundir.checkpoint_name(s)) for s in (4, 12, 16)]
+    assert_same_weights(out, reference / "out")
+    # Every restart went to a launcher prestarted during the attempt before (its imports done),
+    # and the one prestarted for a fifth attempt that never came left with the supervisor.
+    assert [e["prestarted"] for e in events(rd, "attempt_started")] == [False, True, True, True]
+    assert sorted(f.name for f in (rd / "logs").glob("attempt-*.log")) == [f"attempt-000{n}.log" for n in (1, 2, 3, 4)]
+    assert not [q for q in psutil.process_iter(["cmdline"]) if "trainer_shim.standby" in (q.info["cmdline"] or [])
+                and str(out) in " ".join(q.info["cmdline"])]
+
+
+def test_no_prestart_starts_every_attempt_cold(reference: Path, tmp_path: Path):
+    p, rd, out = ddp_run(tmp_path, "cold", faults="1:kill@6:1", extra=("--no-prestart",))
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert [e["prestarted"] for e in events(rd, "attempt_started")] == [False, False]
     assert_same_weights(out, reference / "out")
 
 

@@ -50,16 +50,6 @@ def newest(run_dir: Path) -> rundir.CheckpointInfo:
     return info
 
 
-@pytest.fixture(scope="module")
-def fsdp_reference(tmp_path_factory) -> Path:
-    """The uninterrupted 2-rank FSDP run every fault test must reproduce bit for bit."""
-    tmp = tmp_path_factory.mktemp("fsdp-ref")
-    p, rd, _out = fsdp_run(tmp, "ref")
-    assert p.returncode == 0, p.stderr[-3000:]
-    assert ended_kinds(rd) == ["success"]
-    return tmp / "ref"
-
-
 # --- format -----------------------------------------------------------------------------------------
 
 
