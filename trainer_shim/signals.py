@@ -57,6 +57,12 @@ def install_stack_dumps(path: Path) -> bool:
 
 _PR_SET_PDEATHSIG = 1
 _workers_hooked = False
+_forking_pid = 0  # the process that is forking, recorded just before the fork
+
+
+def _before_fork() -> None:
+    global _forking_pid
+    _forking_pid = os.getpid()
 
 
 def _die_with_parent() -> None:
@@ -68,7 +74,9 @@ def _die_with_parent() -> None:
     try:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     except (OSError, AttributeError):
-        pass
+        return
+    if os.getppid() != _forking_pid:  # the parent died between fork and prctl: no signal will come
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def tie_forked_children() -> None:
@@ -76,7 +84,7 @@ def tie_forked_children() -> None:
     until torch's parent watchdog notices, holding memory, GPU handles and the output pipes."""
     global _workers_hooked
     if not _workers_hooked and hasattr(os, "register_at_fork") and sys.platform.startswith("linux"):
-        os.register_at_fork(after_in_child=_die_with_parent)
+        os.register_at_fork(before=_before_fork, after_in_child=_die_with_parent)
         _workers_hooked = True
 
 
