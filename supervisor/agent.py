@@ -418,10 +418,14 @@ class Supervisor:
         info = newest_valid(checkpoint_roots(self.rd), exclude=self.poisoned, on_reject=reject)
         return str(info.path) if info else None
 
-    def _attempt_env(self, n: int, chosen: Optional[str]) -> dict[str, str]:
+    def _base_env(self) -> dict[str, str]:
         env = child_environ(os.environ)
         env.update(self.config.env_dict)
         env.setdefault("PYTHONUNBUFFERED", "1")
+        return env
+
+    def _attempt_env(self, n: int, chosen: Optional[str]) -> dict[str, str]:
+        env = self._base_env()
         env[ENV_RUN_DIR] = str(self.rd.root.resolve())
         env[ENV_ATTEMPT] = str(n)
         env[ENV_RESUME_FROM] = chosen or RESUME_NONE
@@ -458,10 +462,9 @@ class Supervisor:
                 pass
         kernel_log = KernelLog()
         oom_base = self._cgroup.oom_kills() if self._cgroup else 0
-        child = self._activate_standby(chosen)
-        prestarted = child is not None
-        if self._standby is not None and prestarted:
-            n, self._standby = self._standby.number, None
+        sb = self._activate_standby(chosen)
+        if sb is not None:
+            n, child = sb.number, sb.child
         else:
             n = self._next_log_number()
             log_path = self.rd.attempt_log(n)
@@ -479,7 +482,7 @@ class Supervisor:
         )
         self.state = State.RUNNING
         self._emit("attempt_started", pid=child.pid, resume_from=chosen, command=list(self.config.command),
-                   prestarted=prestarted)
+                   prestarted=sb is not None)
         self._write_state()
         say(f"attempt {n} started (pid {child.pid}), " + (f"resuming from {chosen}" if chosen else "starting fresh"))
         self.notifier.status(self._status_line())
@@ -492,18 +495,15 @@ class Supervisor:
         if argv is None or self._standby is not None or self.stop_requested or self.exit_code is not None:
             return
         n = self._next_log_number()
-        env = child_environ(os.environ)
-        env.update(self.config.env_dict)
-        env.setdefault("PYTHONUNBUFFERED", "1")
-        try:
-            child = procs.spawn(argv, env=env, cwd=self.config.working_dir, log_path=self.rd.attempt_log(n),
+        try:  # the attempt's own variables come over the pipe when it is needed
+            child = procs.spawn(argv, env=self._base_env(), cwd=self.config.working_dir, log_path=self.rd.attempt_log(n),
                                 stdin_pipe=True)
         except OSError as e:
             say(f"cannot prestart the next attempt's launcher ({e.strerror or e}); restarts start it cold")
             return
         self._standby = _Standby(n, child)
 
-    def _activate_standby(self, chosen: Optional[str]) -> Optional[procs.Child]:
+    def _activate_standby(self, chosen: Optional[str]) -> Optional[_Standby]:
         """Hand the prestarted launcher its attempt's environment; None when there is none usable."""
         sb = self._standby
         if sb is None:
@@ -522,7 +522,8 @@ class Supervisor:
             say(f"prestarted launcher unusable ({e.strerror or e}); starting the attempt cold")
             self._discard_standby()
             return None
-        return sb.child
+        self._standby = None
+        return sb
 
     def _discard_standby(self) -> None:
         sb, self._standby = self._standby, None
