@@ -27,7 +27,7 @@ from trainer_shim.rundir import (
 from . import procs
 from .cgroup import KernelLog, MemoryCgroup
 from .classify import AttemptFacts, Kind, classify
-from .launch import parse_torchrun_failure, standby_command
+from .launch import parse_rendezvous_failure, parse_torchrun_failure, standby_command
 from .config import Config
 from .errors import EXIT_GAVE_UP, EXIT_OK, EXIT_STOPPED, LockedError, RunDirError
 from .heartbeat import HeartbeatEvents, HeartbeatMonitor
@@ -122,6 +122,10 @@ class Supervisor:
         self.policy = RestartPolicy(
             max_restarts=config.max_restarts, backoff=config.backoff, backoff_max=config.backoff_max,
             no_restart_exit_codes=config.no_restart_exit_codes, crash_loop_attempts=config.crash_loop_attempts,
+            # A peer node may take its longest silence allowance, the stack dump and the grace period
+            # to end a hung attempt and let go of the rendezvous this node would rejoin.
+            rendezvous_window=max(config.heartbeat_timeout, config.startup_timeout, config.save_timeout)
+            + STACK_DUMP_WAIT + config.grace_period,
         )
         self.notifier = Notifier.from_env()
         self.attempt: Optional[_Attempt] = None
@@ -558,7 +562,8 @@ class Supervisor:
         # Under torchrun the rank's own exit code (e.g. 2: a configuration error) decides, not torchrun's 1.
         code = result.rank_exit_code if result.rank_exit_code is not None else result.exit_code
         decision = self.policy.decide(result.kind, code, progressed=result.progressed,
-                                      resumed_from=result.resumed_from, stop_requested=self.stop_requested)
+                                      resumed_from=result.resumed_from, stop_requested=self.stop_requested,
+                                      now=time.monotonic())
         if decision.action is Action.DONE:
             self._emit("finished")
             self._finish(State.SUCCEEDED, EXIT_OK)
@@ -610,6 +615,8 @@ class Supervisor:
             returncode=rc, killed_for=a.killed_for, stale_detail=a.stale_detail, oom_evidence=tuple(evidence),
             error=self._attempt_error(a.number, rank_failures), stop_requested=self.stop_requested,
             rank_failures=rank_failures, ranks_stopped=_ranks_stopped(a.monitor, multi_node=self.rd.node is not None),
+            # Only when no rank of this attempt ever beat: a torchrun that loses the store mid-run is no rendezvous retry.
+            rendezvous_error=parse_rendezvous_failure(tail) if rc not in (0, None) and not a.monitor.tracks else None,
         ))
         hb = a.monitor.first
         resumed = a.resumed_from if a.resumed_known else a.chosen

@@ -23,6 +23,7 @@ class Kind(str, enum.Enum):
     STARTUP_TIMEOUT = "startup_timeout"
     CRASH = "crash"                  # non-zero exit, Python exception
     SIGNAL = "signal"                # killed by a signal, no OOM evidence
+    RENDEZVOUS = "rendezvous"        # torchrun never joined its peers; no rank ran
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +38,7 @@ class AttemptFacts:
     stop_requested: bool = False
     rank_failures: tuple[str, ...] = ()       # torchrun's summary: "rank 1 (pid 12) killed by SIGKILL"
     ranks_stopped: Optional[str] = None       # multi-rank: every rank's last beat is `stopping` (detail)
+    rendezvous_error: Optional[str] = None    # torchrun's last line: "RendezvousClosedError"
 
     @property
     def exit_code(self) -> Optional[int]:
@@ -82,6 +84,10 @@ def classify(f: AttemptFacts) -> tuple[Kind, str]:
         return Kind.OOM, f"{how}; " + "; ".join(f.oom_evidence)
     if f.signal is not None:
         return Kind.SIGNAL, f"killed by {_signame(f.signal)}; no OOM evidence in cgroup or kernel log"
+    if f.rendezvous_error and not f.rank_failures:
+        why = (" (another node's previous attempt had not ended yet)" if f.rendezvous_error.startswith("RendezvousClosedError")
+               else "")
+        return Kind.RENDEZVOUS, f"exit code {f.exit_code}; torchrun could not join its peers: {f.rendezvous_error}{why}"
     ranks = f"; {', '.join(f.rank_failures)}" if f.rank_failures else ""
     if f.rank_failures and " killed by " in f.rank_failures[0]:
         # torchrun exits 1 when a rank died of a signal: the rank's death is what happened.

@@ -16,7 +16,7 @@ from typing import Optional, Sequence
 
 from .errors import ConfigError
 
-__all__ = ["torchrun_command", "parse_torchrun_failure", "TorchrunOptions", "torchrun_options", "standby_command"]
+__all__ = ["torchrun_command", "parse_torchrun_failure", "parse_rendezvous_failure", "TorchrunOptions", "torchrun_options", "standby_command"]
 
 _TORCHRUN_MODULE = "torch.distributed.run"
 STANDBY_MODULE = "trainer_shim.standby"
@@ -115,6 +115,21 @@ def standby_command(command: Sequence[str]) -> Optional[tuple[str, ...]]:
 #     exitcode  : -9 (pid: 12345)
 _RANK_RE = re.compile(r"^\s*rank\s*:\s*(\d+)")
 _EXIT_RE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)\s*\(pid:\s*(\d+)\)")
+
+
+# The last line of torchrun's traceback when its agent could not join the rendezvous, e.g.
+#   torch.distributed.elastic.rendezvous.api.RendezvousClosedError
+#   torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError: The node 'x' has failed ...
+_RDZV_RE = re.compile(r"^torch\.distributed\.elastic\.rendezvous\.api\.(Rendezvous\w*Error)\b:?\s*(.*)$")
+
+
+def parse_rendezvous_failure(lines: Sequence[str]) -> Optional[str]:
+    """'RendezvousClosedError' (with its message, if any) when torchrun died joining its peers, else None."""
+    for ln in reversed(lines):
+        m = _RDZV_RE.match(ln.strip())
+        if m:
+            return f"{m.group(1)}: {m.group(2)[:200]}" if m.group(2) else m.group(1)
+    return None
 
 
 def parse_torchrun_failure(lines: Sequence[str]) -> list[str]:

@@ -17,7 +17,7 @@ __all__ = ["MetricsSnapshot", "FAILURE_KINDS", "METRICS", "render", "write_textf
 
 # Always exported, at 0 until they happen: a counter series that appears only at its first
 # increment makes increase()/rate() miss that increment, so crash-loop alerts would fire late.
-FAILURE_KINDS = ("crash", "oom", "cuda_oom", "hang", "startup_timeout", "signal", "preempted")
+FAILURE_KINDS = ("crash", "oom", "cuda_oom", "hang", "startup_timeout", "signal", "preempted", "rendezvous")
 
 # name -> (type, help); the single list that render() emits and that the alert tests check.
 METRICS: dict[str, tuple[str, str]] = {

@@ -8,7 +8,9 @@ from typing import Optional
 
 from .classify import Kind
 
-__all__ = ["Action", "Decision", "RestartPolicy"]
+__all__ = ["Action", "Decision", "RestartPolicy", "RENDEZVOUS_RETRY_S"]
+
+RENDEZVOUS_RETRY_S = 1.0   # first delay before rejoining a closed rendezvous: a peer's teardown takes about that
 
 
 class Action(str, enum.Enum):
@@ -37,24 +39,33 @@ class RestartPolicy:
     backoff_max: float
     no_restart_exit_codes: tuple[int, ...]
     crash_loop_attempts: int
+    rendezvous_window: float = 0.0   # seconds rendezvous failures in a row are retried without counting
     restarts: int = 0
     no_progress: int = 0       # consecutive failed attempts that committed nothing newer
     failures_since_progress: int = 0
+    rendezvous_since: Optional[float] = None  # when the current run of rendezvous failures began
+    rendezvous_failures: int = 0
 
     def decide(
         self, kind: Kind, exit_code: Optional[int], *, progressed: bool, resumed_from: Optional[str],
-        stop_requested: bool,
+        stop_requested: bool, now: float = 0.0,
     ) -> Decision:
         if stop_requested:
             return Decision(Action.STOP, reason="stop requested")
         if kind is Kind.SUCCESS:
             return Decision(Action.DONE, reason="job succeeded")
+        if kind is Kind.RENDEZVOUS:
+            decision = self._rejoin(now)
+            if decision is not None:
+                return decision
+        else:
+            self.rendezvous_since, self.rendezvous_failures = None, 0
         if exit_code is not None and exit_code in self.no_restart_exit_codes and kind is not Kind.PREEMPTED:
             return Decision(Action.GIVE_UP, reason=f"exit code {exit_code} is not retryable (--no-restart-exit-codes)")
         if progressed or kind is Kind.PREEMPTED:
             self.no_progress = 0
             self.failures_since_progress = 0
-        else:
+        elif kind is not Kind.RENDEZVOUS:  # no rank loaded the checkpoint: no evidence against it
             self.no_progress += 1
         poison = None
         if self.no_progress >= self.crash_loop_attempts:
@@ -72,3 +83,18 @@ class RestartPolicy:
             delay = min(self.backoff * (2 ** self.failures_since_progress), self.backoff_max)
             self.failures_since_progress += 1
         return Decision(Action.RESTART, delay_s=delay, reason=kind.value, poison=poison)
+
+    def _rejoin(self, now: float) -> Optional[Decision]:
+        """A free restart while the peers may still be ending their attempt (None once the window is over).
+
+        No rank ran, so the attempt says nothing about the checkpoint (no crash-loop count) and is no
+        failure of the job's (no restart spent): on several nodes it is the normal race of a node that
+        restarts before its peers have torn down the rendezvous it would join.
+        """
+        if self.rendezvous_since is None:
+            self.rendezvous_since = now
+        if now - self.rendezvous_since > self.rendezvous_window:
+            return None
+        delay = min(RENDEZVOUS_RETRY_S * (2 ** self.rendezvous_failures), max(self.backoff_max, RENDEZVOUS_RETRY_S))
+        self.rendezvous_failures += 1
+        return Decision(Action.RESTART, delay_s=delay, reason=f"{Kind.RENDEZVOUS.value} (not counted: peers may still be ending their attempt)")

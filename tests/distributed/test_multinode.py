@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 
 from tests.distributed.common import DDP_JOB, FAST, assert_same_weights
+import psutil
+
 from tests.supervisor.helpers import alive, ended_kinds, events, kill_group, run_cli, start_cli, sup_env, wait_until
 from trainer_shim import rundir
 
@@ -26,6 +28,27 @@ def _free_port() -> int:
 
 def _node_events(rd: Path, node: int, name: str) -> list[dict]:
     return [e for e in rundir.read_events(rundir.RunDir(rd, node)) if e["event"] == name]
+
+
+def _listening(port: int) -> bool:
+    return any(c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN
+               for c in psutil.net_connections(kind="tcp"))
+
+
+def _start_nodes(first: int, common: tuple[str, ...], job: tuple[str, ...], port: int, env: dict) -> list:
+    """Both nodes' supervisors, node `first` started alone until its torchrun hosts the c10d store.
+
+    On one machine either torchrun may host the store (both match 127.0.0.1); on a cluster it is
+    the node named in --rdzv-endpoint. Fixing it makes the order of the teardown race known.
+    """
+    sups: dict[int, object] = {first: start_cli(*common, "--node-rank", str(first), *job, env=env)}
+    try:
+        wait_until(lambda: _listening(port), timeout=90, what=f"node {first}'s torchrun to host the store")
+    except AssertionError:
+        kill_group(sups[first])
+        raise
+    sups[1 - first] = start_cli(*common, "--node-rank", str(1 - first), *job, env=env)
+    return [sups[0], sups[1]]
 
 
 def _rank_of_node(rd: Path, node: int, min_step: int) -> dict | None:
@@ -43,7 +66,8 @@ def test_rank_killed_on_node_1_both_nodes_recover_from_the_same_checkpoint(refer
     common = ("--nproc-per-node", "1", "--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{port}", "--run-dir", str(rd),
               *FAST, "--heartbeat-timeout", "30")
     job = (DDP_JOB, "--out-dir", str(out), "--step-sleep", "0.2")
-    sups = [start_cli(*common, "--node-rank", str(n), *job, env=sup_env()) for n in (0, 1)]
+    # Node 1 hosts the store, so its restart finds no closed rendezvous of the old attempt's.
+    sups = _start_nodes(1, common, job, port, sup_env())
     try:
         victim = wait_until(lambda: _rank_of_node(rd, 1, 6), timeout=90, what="node 1's rank past step 6")
         # A second supervisor for node 1 is refused: each node has its own lock in the shared run dir.
@@ -64,17 +88,20 @@ def test_rank_killed_on_node_1_both_nodes_recover_from_the_same_checkpoint(refer
     # Node 1 saw its rank SIGKILLed; node 0's rank lost its peer (a collective error or a hang).
     assert [e["kind"] for e in ended[1]] == ["signal", "success"], ended[1]
     assert "killed by SIGKILL" in ended[1][0]["evidence"] and f"(pid {victim['pid']})" in ended[1][0]["evidence"]
-    assert ended[0][0]["kind"] in ("crash", "signal", "hang") and ended[0][-1]["kind"] == "success", ended[0]
+    kinds0 = [e["kind"] for e in ended[0]]
+    # Node 0 may restart while node 1's old torchrun still holds the closed rendezvous: it rejoins.
+    assert kinds0[0] in ("crash", "signal", "hang") and kinds0[-1] == "success", ended[0]
+    assert set(kinds0[1:-1]) <= {"rendezvous"}, ended[0]
     # Both nodes' second attempts loaded the same checkpoint (rank 0 chose it and broadcast it).
     resumed = {n: ended[n][-1]["resumed_from"] for n in (0, 1)}
     assert resumed[0] == resumed[1] and resumed[0] is not None, resumed
-    assert rundir.parse_checkpoint_name(Path(resumed[0]).name) <= victim["step"]
+    assert rundir.parse_checkpoint_name(Path(resumed[0]).name) <= ended[1][0]["step"]  # the victim's last step
     assert_same_weights(out, reference / "out")
     # Each node's supervisor kept its own files; nothing of one went into the other's.
     for n in (0, 1):
         own = rd / "nodes" / f"node-{n}"
         state = json.loads((own / "supervisor.json").read_text())
-        assert state["state"] == "succeeded" and state["node"] == n
+        assert state["state"] == "succeeded" and state["node"] == n and state["restarts"] == 1
         assert (own / "logs" / "attempt-0001.log").exists() and (own / "logs" / "attempt-0002.log").exists()
     assert not (rd / "supervisor.json").exists() and not (rd / "events.jsonl").exists()
     # No process of either node's tree survives.
@@ -86,7 +113,44 @@ def test_rank_killed_on_node_1_both_nodes_recover_from_the_same_checkpoint(refer
     assert st.returncode == 0, st.stdout + st.stderr
     nodes = json.loads(st.stdout)["nodes"]
     assert sorted(nodes) == ["0", "1"] and {v["state"] for v in nodes.values()} == {"succeeded"}
-    assert {v["attempt"] for v in nodes.values()} == {2}
+    assert nodes["1"]["attempt"] == 2 and nodes["0"]["attempt"] == len(kinds0)
+
+
+def test_node_restarting_before_its_peer_rejoins_the_closed_rendezvous_without_spending_restarts(
+        reference: Path, tmp_path: Path):
+    """Node 0 hosts the store; its rank hangs while node 1's rank dies. Node 1's torchrun closed the
+    rendezvous on its way out, and node 0's torchrun keeps it (closed) until node 0's supervisor sees
+    the hang: node 1's restarts meanwhile fail to join. Those are `rendezvous` retries, free: with
+    --max-restarts 1 and a crash-loop limit of 2, neither gives up nor condemns the checkpoint."""
+    rd, out = tmp_path / "run", tmp_path / "out"
+    port = _free_port()
+    cfg = tmp_path / "job.yaml"
+    cfg.write_text("backoff_max: 4\ncrash_loop_attempts: 2\n")
+    common = ("--nproc-per-node", "1", "--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{port}", "--run-dir", str(rd),
+              "--config", str(cfg), *FAST, "--heartbeat-timeout", "10", "--grace-period", "3", "--max-restarts", "1")
+    job = (DDP_JOB, "--out-dir", str(out), "--step-sleep", "0.2", "--heartbeat-interval", "0.05")
+    sups = _start_nodes(0, common, job, port, sup_env(DDP_FAULTS="1:hang@10:0,1:kill@10:1"))
+    try:
+        for s in sups:
+            s.wait(180)
+    finally:
+        for s in sups:
+            if s.poll() is None:
+                kill_group(s)
+    errs = [s.stderr.read() for s in sups]
+    assert [s.returncode for s in sups] == [0, 0], errs
+    ended = {n: _node_events(rd, n, "attempt_ended") for n in (0, 1)}
+    assert [e["kind"] for e in ended[0]] == ["hang", "success"], ended[0]
+    kinds1 = [e["kind"] for e in ended[1]]
+    assert kinds1[0] == "signal" and kinds1[-1] == "success" and len(kinds1) >= 3, ended[1]
+    assert set(kinds1[1:-1]) == {"rendezvous"}, ended[1]
+    assert all("RendezvousClosedError" in e["evidence"] for e in ended[1][1:-1]), ended[1]
+    states = {n: json.loads((rd / "nodes" / f"node-{n}" / "supervisor.json").read_text()) for n in (0, 1)}
+    assert states[1]["restarts"] == 1 and states[0]["restarts"] == 1, states
+    assert not _node_events(rd, 1, "checkpoint_rejected")
+    resumed = {n: ended[n][-1]["resumed_from"] for n in (0, 1)}
+    assert resumed[0] == resumed[1] and rundir.parse_checkpoint_name(Path(resumed[0]).name) == 8, resumed
+    assert_same_weights(out, reference / "out")
 
 
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
