@@ -51,6 +51,20 @@ def _start_nodes(first: int, common: tuple[str, ...], job: tuple[str, ...], port
     return [sups[0], sups[1]]
 
 
+def _both_succeed(sups: list, rd: Path, timeout: float) -> dict[int, list[dict]]:
+    """Each node's attempt_ended events, once both supervisors exited 0 (what is left is killed)."""
+    try:
+        for s in sups:
+            s.wait(timeout)
+    finally:
+        for s in sups:
+            if s.poll() is None:
+                kill_group(s)
+    errs = [s.stderr.read() for s in sups]
+    assert [s.returncode for s in sups] == [0, 0], errs
+    return {n: _node_events(rd, n, "attempt_ended") for n in (0, 1)}
+
+
 def _rank_of_node(rd: Path, node: int, min_step: int) -> dict | None:
     """The heartbeat of a rank that node `node` launched, once it has passed `min_step`."""
     for f in (rd / "heartbeats").glob("rank-*.json"):
@@ -76,15 +90,11 @@ def test_rank_killed_on_node_1_both_nodes_recover_from_the_same_checkpoint(refer
         assert f"run dir {rd} (node 1) is in use by supervisor pid {sups[1].pid}" in dup.stderr
         # The kill happens at whatever moment the poll sees it: before, during or after a save.
         os.kill(victim["pid"], signal.SIGKILL)
+    except BaseException:
         for s in sups:
-            s.wait(150)
-    finally:
-        for s in sups:
-            if s.poll() is None:
-                kill_group(s)
-    errs = [s.stderr.read() for s in sups]
-    assert [s.returncode for s in sups] == [0, 0], errs
-    ended = {n: _node_events(rd, n, "attempt_ended") for n in (0, 1)}
+            kill_group(s)
+        raise
+    ended = _both_succeed(sups, rd, timeout=150)
     # Node 1 saw its rank SIGKILLed; node 0's rank lost its peer (a collective error or a hang).
     assert [e["kind"] for e in ended[1]] == ["signal", "success"], ended[1]
     assert "killed by SIGKILL" in ended[1][0]["evidence"] and f"(pid {victim['pid']})" in ended[1][0]["evidence"]
@@ -130,16 +140,7 @@ def test_node_restarting_before_its_peer_rejoins_the_closed_rendezvous_without_s
               "--config", str(cfg), *FAST, "--heartbeat-timeout", "10", "--grace-period", "3", "--max-restarts", "1")
     job = (DDP_JOB, "--out-dir", str(out), "--step-sleep", "0.2", "--heartbeat-interval", "0.05")
     sups = _start_nodes(0, common, job, port, sup_env(DDP_FAULTS="1:hang@10:0,1:kill@10:1"))
-    try:
-        for s in sups:
-            s.wait(180)
-    finally:
-        for s in sups:
-            if s.poll() is None:
-                kill_group(s)
-    errs = [s.stderr.read() for s in sups]
-    assert [s.returncode for s in sups] == [0, 0], errs
-    ended = {n: _node_events(rd, n, "attempt_ended") for n in (0, 1)}
+    ended = _both_succeed(sups, rd, timeout=180)
     assert [e["kind"] for e in ended[0]] == ["hang", "success"], ended[0]
     kinds1 = [e["kind"] for e in ended[1]]
     assert kinds1[0] == "signal" and kinds1[-1] == "success" and len(kinds1) >= 3, ended[1]
