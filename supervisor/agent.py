@@ -30,7 +30,7 @@ from .classify import AttemptFacts, Kind, classify
 from .launch import parse_rendezvous_failure, parse_torchrun_failure, standby_command
 from .config import Config
 from .errors import EXIT_GAVE_UP, EXIT_OK, EXIT_STOPPED, LockedError, RunDirError
-from .heartbeat import HeartbeatEvents, HeartbeatMonitor
+from .heartbeat import HeartbeatEvents, HeartbeatMonitor, allowance
 from .metrics import MetricsSnapshot, disk_free_bytes, write_textfile
 from .notify import Notifier, child_environ
 from .policy import Action, RestartPolicy
@@ -124,8 +124,7 @@ class Supervisor:
             no_restart_exit_codes=config.no_restart_exit_codes, crash_loop_attempts=config.crash_loop_attempts,
             # A peer node may take its longest silence allowance, the stack dump and the grace period
             # to end a hung attempt and let go of the rendezvous this node would rejoin.
-            rendezvous_window=max(config.heartbeat_timeout, config.startup_timeout, config.save_timeout)
-            + STACK_DUMP_WAIT + config.grace_period,
+            rendezvous_window=max(allowance(p.value, config) for p in rd_mod.Phase) + STACK_DUMP_WAIT + config.grace_period,
         )
         self.notifier = Notifier.from_env()
         self.attempt: Optional[_Attempt] = None

@@ -8,7 +8,7 @@ from typing import Optional
 
 from .classify import Kind
 
-__all__ = ["Action", "Decision", "RestartPolicy", "RENDEZVOUS_RETRY_S"]
+__all__ = ["Action", "Decision", "RestartPolicy"]
 
 RENDEZVOUS_RETRY_S = 1.0   # first delay before rejoining a closed rendezvous: a peer's teardown takes about that
 
