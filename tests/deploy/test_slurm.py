@@ -12,7 +12,7 @@ import pytest
 
 from supervisor.errors import EXIT_STOPPED
 from tests.conftest import REPO
-from trainer_shim.rundir import wait_for
+from tests.support import wait_until
 
 SBATCH = REPO / "deploy" / "slurm" / "train.sbatch"
 
@@ -68,7 +68,7 @@ def test_signal_stops_saves_and_requeues(env, sig):
     rd = Path(env["RUN_DIR"])
     p = start(env, "--lr", "0.1")
     try:
-        assert wait_for(lambda: (rd / "run.pid").exists(), 20), "stub run never started"
+        assert wait_until(lambda: (rd / "run.pid").exists(), 20), "stub run never started"
         p.send_signal(sig)
         out, err = p.communicate(timeout=30)
     finally:
@@ -95,7 +95,7 @@ def test_requeue_only_inside_slurm(env):
     del env["SLURM_JOB_ID"]
     p = start(env)
     try:
-        assert wait_for(lambda: (rd / "run.pid").exists(), 20)
+        assert wait_until(lambda: (rd / "run.pid").exists(), 20)
         p.send_signal(signal.SIGUSR1)
         p.communicate(timeout=30)
     finally:

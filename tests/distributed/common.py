@@ -5,10 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-import torch
-
 from tests.conftest import JOBS
 from tests.supervisor.helpers import run_cli, sup_env
+from tests.support import assert_equal_state, weights  # noqa: F401 - re-exported
 
 DDP_JOB = str(JOBS / "ddp_train.py")
 FAST = ["--backoff", "0", "--heartbeat-timeout", "5", "--grace-period", "20"]
@@ -22,16 +21,6 @@ def ddp_run(tmp: Path, name: str, *job_args: str, faults: str = "", nproc: int =
     p = run_cli("--nproc-per-node", str(nproc), "--run-dir", str(rd), *FAST, *extra, DDP_JOB, "--out-dir", str(out),
                 *job_args, env=sup_env(DDP_FAULTS=faults, **(env or {})), timeout=timeout)
     return p, rd, out
-
-
-def weights(path: Path) -> dict[str, torch.Tensor]:
-    return torch.load(path, weights_only=True)
-
-
-def assert_equal_state(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], what: str) -> None:
-    assert got.keys() == want.keys(), what
-    for k in want:
-        assert torch.equal(got[k], want[k]), f"{what}: {k} differs"
 
 
 def assert_same_weights(out: Path, ref: Path) -> None:

@@ -20,7 +20,8 @@ import pytest
 import torch
 
 from tests.conftest import JOBS, PYTHON
-from tests.supervisor.helpers import events, heartbeat, run_cli, supervisor_state, sup_env, wait_until
+from tests.supervisor.helpers import run_cli, sup_env
+from tests.support import assert_equal_state, events, heartbeat, supervisor_state, wait_until, weights
 from trainer_shim import rundir
 
 TOY = str(JOBS / "toy_train.py")
@@ -43,15 +44,12 @@ def reference(tmp_path: Path, *args: str) -> dict[str, torch.Tensor]:
         p = subprocess.run([PYTHON, TOY, *args, "--run-dir", str(d / "run"), "--out", str(out)],
                            env=sup_env(), capture_output=True, text=True, timeout=300)
         assert p.returncode == 0, p.stderr[-2000:]
-        _REF_CACHE[key] = torch.load(out, weights_only=True)
+        _REF_CACHE[key] = weights(out)
     return _REF_CACHE[key]
 
 
 def assert_bit_exact(out: Path, ref: dict[str, torch.Tensor]) -> None:
-    got = torch.load(out, weights_only=True)
-    assert got.keys() == ref.keys()
-    diff = [k for k in got if not torch.equal(got[k], ref[k])]
-    assert not diff, f"weights differ from the uninterrupted run: {diff}"
+    assert_equal_state(weights(out), ref, "final weights vs the uninterrupted run")
 
 
 def job_processes(run_dir: Path, marker: Optional[str] = None) -> list[psutil.Process]:

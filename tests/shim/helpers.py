@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import tempfile
 from pathlib import Path
 from typing import Optional
 
-import torch
-
 from tests.conftest import JOBS, PYTHON, child_env
+from tests.support import assert_same_weights, events, kill_group, weights
 from trainer_shim import rundir
 
 TOY = JOBS / "toy_train.py"
@@ -43,16 +40,6 @@ def run_job(script: Path, run_dir: Optional[Path], *args: str, attempt: int = 1,
         return subprocess.CompletedProcess(argv, rc, out.read(), err.read())
 
 
-def kill_group(proc: subprocess.Popen) -> None:
-    """SIGKILL the job's process group (the job and any orphaned workers it started)."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    if proc.returncode is None:
-        proc.wait()
-
-
 def run_toy(run_dir: Optional[Path], *args: str, **kw) -> subprocess.CompletedProcess:
     return run_job(TOY, run_dir, *args, **kw)
 
@@ -61,21 +48,6 @@ def start_toy(run_dir: Path, *args: str, attempt: int = 1, faults: str = "") -> 
     e = child_env(RESILIENT_ATTEMPT=str(attempt), TOY_FAULTS=faults)
     return subprocess.Popen([PYTHON, str(TOY), *args, "--run-dir", str(run_dir)], env=e,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
-
-
-def weights(path: Path) -> dict[str, torch.Tensor]:
-    return torch.load(path, map_location="cpu", weights_only=True)
-
-
-def assert_same_weights(a: Path, b: Path) -> None:
-    wa, wb = weights(a), weights(b)
-    assert wa.keys() == wb.keys()
-    diff = [k for k in wa if not torch.equal(wa[k], wb[k])]
-    assert not diff, f"tensors differ after resume: {diff}"
-
-
-def events(run_dir: Path, name: str) -> list[dict]:
-    return [e for e in rundir.read_events(rundir.RunDir(run_dir)) if e.get("event") == name]
 
 
 def committed(run_dir: Path) -> list[str]:

@@ -10,6 +10,8 @@ import pytest
 
 from trainer_shim import rundir
 
+from tests.support import wait_until
+
 from .helpers import assert_same_weights, chain, kill_group, run_toy, shim_lines, start_toy
 
 
@@ -55,8 +57,8 @@ def test_sigkill_during_save_resumes_bit_exact(run_dir: Path, refs, num_workers:
     for attempt in (1, 2):
         proc = start_toy(run_dir, *args, attempt=attempt)
         if attempt == 2:  # let the resumed attempt commit one checkpoint, then catch the next save
-            rundir.wait_for(lambda: proc.poll() is not None or any(rundir.tmp_dirs(run_dir / "checkpoints")), 60, 0.001)
-            rundir.wait_for(lambda: proc.poll() is not None or not any(rundir.tmp_dirs(run_dir / "checkpoints")), 60, 0.001)
+            wait_until(lambda: proc.poll() is not None or any(rundir.tmp_dirs(run_dir / "checkpoints")), 60, 0.001)
+            wait_until(lambda: proc.poll() is not None or not any(rundir.tmp_dirs(run_dir / "checkpoints")), 60, 0.001)
         in_save = _wait_in_save(run_dir, proc)
         proc.send_signal(signal.SIGKILL)
         kill_group(proc)

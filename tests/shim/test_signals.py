@@ -11,6 +11,8 @@ from pathlib import Path
 from trainer_shim import rundir
 from trainer_shim.heartbeat import Heartbeat
 
+from tests.support import wait_until
+
 from .helpers import assert_same_weights, kill_group, manifest, run_toy, start_toy
 
 
@@ -26,12 +28,12 @@ def test_sigterm_loses_no_step_and_exits_75_sigusr1_dumps(run_dir: Path, refs) -
             phases.append(hb["phase"])
         return hb if hb and hb["step"] >= step else None
 
-    assert rundir.wait_for(lambda: beat_at(6), 60, 0.005), "no training heartbeat" 
+    assert wait_until(lambda: beat_at(6), 60, 0.005), "no training heartbeat" 
     proc.send_signal(signal.SIGUSR1)
     stacks = rd.stacks_file(proc.pid)
-    assert rundir.wait_for(lambda: stacks.exists() and "most recent call first" in stacks.read_text(), 20)
+    assert wait_until(lambda: stacks.exists() and "most recent call first" in stacks.read_text(), 20)
     assert "heartbeat" in stacks.read_text() or "Thread" in stacks.read_text()
-    assert rundir.wait_for(lambda: beat_at(9), 60, 0.005), "training stopped after SIGUSR1"
+    assert wait_until(lambda: beat_at(9), 60, 0.005), "training stopped after SIGUSR1"
     proc.send_signal(signal.SIGTERM)
     try:
         assert proc.wait(timeout=60) == rundir.EXIT_PREEMPTED
@@ -91,7 +93,7 @@ def test_heartbeat_goes_stale_unless_asked_or_save_progresses(tmp_path: Path) ->
         assert rundir.read_heartbeat(path)["seq"] == 1, "the thread beat on its own: a hung loop would look alive"
         hb.fields["phase"] = "training"
         hb.request()
-        assert rundir.wait_for(lambda: rundir.read_heartbeat(path)["seq"] == 2, 5)
+        assert wait_until(lambda: rundir.read_heartbeat(path)["seq"] == 2, 5)
         hb.begin_save()
         seq = rundir.read_heartbeat(path)["seq"]
         assert rundir.read_heartbeat(path)["phase"] == "saving"

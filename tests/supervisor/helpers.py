@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import json
-import os
-import signal
 import subprocess
-import time
 from pathlib import Path
 from typing import Optional
 
 import psutil
 
 from tests.conftest import JOBS, PYTHON, REPO, child_env
-from trainer_shim.rundir import RunDir, read_events
+from tests.support import ended_kinds, events, heartbeat, kill_group, supervisor_state, wait_until  # noqa: F401 - re-exported
 
 FAKE_JOB = str(JOBS / "fake_job.py")
 CLI = [PYTHON, "-m", "supervisor"]
@@ -34,39 +30,6 @@ def start_cli(*args: str, env: Optional[dict] = None, cwd: Optional[Path] = None
                             text=True, cwd=cwd, start_new_session=True)
 
 
-def events(run_dir: Path, name: Optional[str] = None) -> list[dict]:
-    evs = read_events(RunDir(run_dir))
-    return [e for e in evs if name is None or e["event"] == name]
-
-
-def ended_kinds(run_dir: Path) -> list[str]:
-    return [e["kind"] for e in events(run_dir, "attempt_ended")]
-
-
-def wait_until(pred, timeout: float = 30.0, interval: float = 0.05, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
-def heartbeat(run_dir: Path, rank: int = 0) -> Optional[dict]:
-    try:
-        return json.loads((Path(run_dir) / "heartbeats" / f"rank-{rank}.json").read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def supervisor_state(run_dir: Path) -> dict:
-    try:
-        return json.loads((Path(run_dir) / "supervisor.json").read_text())
-    except (OSError, ValueError):
-        return {}
-
-
 def alive(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
@@ -76,11 +39,3 @@ def alive(pid: int) -> bool:
 
 def attempt_pids(run_dir: Path) -> list[int]:
     return [e["pid"] for e in events(run_dir, "attempt_started")]
-
-
-def kill_group(p: subprocess.Popen) -> None:
-    try:
-        os.killpg(p.pid, signal.SIGKILL)
-    except OSError:
-        pass
-    p.wait(10)

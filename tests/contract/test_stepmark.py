@@ -1,0 +1,63 @@
+"""The step mark survives its writer's SIGKILL and is what the reader sees."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from tests.conftest import REPO
+from trainer_shim.rundir import RunDir, StepMark, ensure_run_dir, read_step_mark
+
+_VICTIM = textwrap.dedent("""\
+    import os, signal, sys
+    from trainer_shim.rundir import StepMark
+    mark = StepMark(sys.argv[1])
+    for step in range(1, 9):
+        mark.set(step)          # no close(), no flush: the process dies right here
+    os.kill(os.getpid(), signal.SIGKILL)
+""")
+
+
+def test_a_sigkilled_writer_leaves_its_last_step(tmp_path: Path) -> None:
+    rd = ensure_run_dir(tmp_path / "run")
+    path = rd.step_mark(1)
+    p = subprocess.run([sys.executable, "-c", _VICTIM, str(path)], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert p.returncode == -signal.SIGKILL, p.stderr
+    assert read_step_mark(path) == 8
+    assert path.name == "rank-1.step" and path.stat().st_size == 8
+
+
+def test_absent_unset_and_short_marks_read_as_none(tmp_path: Path) -> None:
+    rd = RunDir(tmp_path)
+    assert read_step_mark(rd.step_mark(0)) is None
+    rd.heartbeats.mkdir()
+    with StepMark(rd.step_mark(0)) as mark:
+        assert read_step_mark(rd.step_mark(0)) is None  # opened, not set yet
+        mark.set(0)
+        assert read_step_mark(rd.step_mark(0)) == 0
+        mark.set(12345678901)
+        assert read_step_mark(rd.step_mark(0)) == 12345678901
+    mark.set(3)  # after close: ignored, never raises (a late step() during shutdown)
+    assert read_step_mark(rd.step_mark(0)) == 12345678901
+    rd.step_mark(2).write_bytes(b"\x01\x02")
+    assert read_step_mark(rd.step_mark(2)) is None
+
+
+def test_a_new_writer_clears_an_earlier_attempts_mark(tmp_path: Path) -> None:
+    path = tmp_path / "rank-0.step"
+    with StepMark(path) as mark:
+        mark.set(40)
+    StepMark(path).close()
+    assert read_step_mark(path) is None
+
+
+def test_step_marks_are_not_heartbeats(tmp_path: Path) -> None:
+    rd = ensure_run_dir(tmp_path / "run")
+    StepMark(rd.step_mark(0)).close()
+    rd.heartbeat(0).write_text("{}")
+    rd.heartbeat(3).write_text("{}")
+    (rd.heartbeats / ".rank-0.json.x.tmp").write_text("")
+    assert rd.heartbeat_files() == [(0, rd.heartbeat(0)), (3, rd.heartbeat(3))]

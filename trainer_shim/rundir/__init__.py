@@ -1,0 +1,90 @@
+"""The run-directory contract shared by the supervisor and the trainer shim.
+
+Everything the two sides exchange is defined here and nowhere else: paths and file names,
+environment variables and exit codes, the records they write (heartbeats, step marks,
+supervisor.json, error files, events, manifests, the checkpoint index, the standby message),
+atomic writes and the "newest valid checkpoint" logic. This package never imports torch: the
+supervisor imports it on machines without torch.
+
+One module per idea:
+
+    errors     ContractError (the base), InvalidCheckpoint, EnvError
+    env        RESILIENT_* names, exit codes, RunEnv (the product environment, parsed once)
+    layout     RunDir (every path), file-name builders and parsers, ensure_run_dir
+    atomic     atomic/durable writes, tolerant JSON reads
+    clock      now_iso (timestamps in records)
+    records    Phase, HeartbeatRecord, SupervisorState, ErrorRecord, StandbyMessage
+    stepmark   StepMark / read_step_mark: the last step a rank really reached
+    events     Event (every event name), append/read events, poisoning
+    manifest   MANIFEST.json, CheckpointKind, checkpoint validation
+    selection  newest valid checkpoint, the `latest` link
+    index      checkpoint_metadata.json, checkpoint search roots
+
+Run-dir layout::
+
+    RUN_DIR/
+      supervisor.json            supervisor state (supervisor writes)
+      supervisor.lock            flock held by the live supervisor
+      events.jsonl               one JSON object per line (both sides append)
+      checkpoint_metadata.json   index of committed checkpoints (shim writes)
+      metrics.prom               Prometheus textfile (supervisor writes)
+      heartbeats/rank-<R>.json   liveness, one per rank (shim writes)
+      heartbeats/rank-<R>.step   step mark: last step reached, 8 bytes (shim writes via mmap)
+      checkpoints/step-XXXXXXXX/ committed checkpoints, MANIFEST.json written last
+      checkpoints/.tmp-*         in-flight or abandoned writes, never chosen
+      checkpoints/latest         symlink to the newest committed checkpoint
+      logs/attempt-NNNN.log      child output per attempt (supervisor writes)
+      logs/stacks-<pid>.txt      faulthandler dumps on SIGUSR1 (shim writes)
+      errors/attempt-N.json      uncaught exception of attempt N (shim writes; rank 0)
+      errors/attempt-N-rank-R.json  the same for rank R > 0 of a distributed attempt
+      nodes/node-<N>/            a multi-node job: each supervisor's own files (state, lock,
+                                 events, logs, errors, metrics)
+"""
+
+from .atomic import atomic_write_bytes, atomic_write_json, fsync_dir, read_json
+from .clock import now_iso
+from .env import (
+    ENV_ALLOW_RESHARD, ENV_ATTEMPT, ENV_LAST_FAILURE, ENV_NODE, ENV_RESUME_FROM, ENV_RUN_DIR, EXIT_PREEMPTED,
+    RESUME_NONE, RunEnv, parse_bool,
+)
+from .errors import ContractError, EnvError, InvalidCheckpoint
+from .events import POISONED, Event, append_event, is_poisoning, next_attempt_number, poisoned_checkpoints, read_events
+from .index import checkpoint_roots, index_entry, read_index
+from .layout import (
+    CHECKPOINTS, CKPT_PREFIX, HEARTBEAT_GLOB, LATEST, NODES, RUN_DIR_MODE, TMP_PREFIX, RunDir, checkpoint_name,
+    ensure_run_dir, heartbeat_name, inside, parse_checkpoint_name, parse_heartbeat_name, step_mark_name, tmp_dirs,
+)
+from .manifest import (
+    FORMAT_VERSION, MANIFEST_NAME, CheckpointInfo, CheckpointKind, FileEntry, Manifest, digest_file,
+    inspect_checkpoint, new_hasher, safe_member,
+)
+from .records import (
+    HEARTBEAT_FIELDS, ErrorRecord, HeartbeatRecord, Phase, StandbyMessage, SupervisorState, read_heartbeat,
+    read_heartbeat_record,
+)
+from .selection import iter_checkpoint_dirs, newest_valid, repoint_latest
+from .stepmark import STEP_MARK_SIZE, StepMark, read_step_mark
+
+__all__ = [
+    # errors
+    "ContractError", "InvalidCheckpoint", "EnvError",
+    # environment and exit codes
+    "ENV_RUN_DIR", "ENV_ATTEMPT", "ENV_RESUME_FROM", "ENV_LAST_FAILURE", "ENV_ALLOW_RESHARD", "ENV_NODE",
+    "RESUME_NONE", "EXIT_PREEMPTED", "RunEnv", "parse_bool",
+    # layout
+    "RunDir", "ensure_run_dir", "CHECKPOINTS", "NODES", "LATEST", "TMP_PREFIX", "CKPT_PREFIX", "RUN_DIR_MODE",
+    "HEARTBEAT_GLOB", "checkpoint_name", "parse_checkpoint_name", "heartbeat_name", "parse_heartbeat_name",
+    "step_mark_name", "tmp_dirs", "inside",
+    # files
+    "fsync_dir", "atomic_write_bytes", "atomic_write_json", "read_json", "now_iso",
+    # records
+    "Phase", "HEARTBEAT_FIELDS", "HeartbeatRecord", "read_heartbeat", "read_heartbeat_record",
+    "SupervisorState", "ErrorRecord", "StandbyMessage", "StepMark", "read_step_mark", "STEP_MARK_SIZE",
+    # events
+    "Event", "POISONED", "append_event", "read_events", "next_attempt_number", "is_poisoning",
+    "poisoned_checkpoints",
+    # checkpoints
+    "FORMAT_VERSION", "MANIFEST_NAME", "CheckpointKind", "FileEntry", "Manifest", "CheckpointInfo",
+    "new_hasher", "digest_file", "safe_member", "inspect_checkpoint", "iter_checkpoint_dirs", "newest_valid",
+    "repoint_latest", "index_entry", "read_index", "checkpoint_roots",
+]

@@ -1,0 +1,203 @@
+"""MANIFEST.json, the commit record of one checkpoint, and the validation of a checkpoint dir."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, Optional
+
+import xxhash
+
+from .errors import InvalidCheckpoint
+from .layout import inside
+
+__all__ = [
+    "FORMAT_VERSION", "MANIFEST_NAME", "CheckpointKind", "FileEntry", "Manifest", "CheckpointInfo",
+    "new_hasher", "digest_file", "safe_member", "inspect_checkpoint",
+]
+
+FORMAT_VERSION = 1
+MANIFEST_NAME = "MANIFEST.json"
+
+
+class CheckpointKind(str, enum.Enum):
+    """Why a checkpoint was taken; step/preempt/emergency share one rotation pool, epoch/final another."""
+
+    STEP = "step"
+    EPOCH = "epoch"
+    FINAL = "final"
+    EMERGENCY = "emergency"
+    PREEMPT = "preempt"
+
+    @property
+    def pool(self) -> str:
+        return "epoch" if self in (CheckpointKind.EPOCH, CheckpointKind.FINAL) else "step"
+
+    @property
+    def rank(self) -> int:
+        """Strength for index upgrades: a save at an existing step may raise, never lower, the kind."""
+        return {"emergency": 0, "step": 1, "preempt": 1, "epoch": 2, "final": 3}[self.value]
+
+
+def new_hasher() -> "xxhash.xxh3_128":
+    return xxhash.xxh3_128()
+
+
+@dataclasses.dataclass(frozen=True)
+class FileEntry:
+    size: int
+    xxh3_128: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Manifest:
+    """MANIFEST.json of one checkpoint (written last; its presence commits the checkpoint)."""
+
+    global_step: int
+    epoch: int
+    batch_in_epoch: int
+    kind: CheckpointKind
+    loss: Optional[float]
+    created_at: str
+    files: dict[str, FileEntry]
+    exact: bool = True
+    torch_version: Optional[str] = None
+    python_version: Optional[str] = None
+    git_commit: Optional[str] = None
+    git_dirty: Optional[bool] = None
+    world_size: int = 1
+    # Model and optimizer live in a torch.distributed.checkpoint (DCP) set inside the dir
+    # (`.metadata` + `__<rank>_<n>.distcp`) instead of model.pt/optimizer.pt; reshardable.
+    sharded: bool = False
+    format: int = FORMAT_VERSION
+
+    def to_json(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["kind"] = self.kind.value
+        return d
+
+    @classmethod
+    def from_json(cls, d: Any) -> "Manifest":
+        if not isinstance(d, dict):
+            raise ValueError("manifest is not a JSON object")
+        if d.get("format") != FORMAT_VERSION:
+            raise ValueError(f"unsupported manifest format {d.get('format')!r}")
+        try:
+            files = {rel: _file_entry(rel, ent) for rel, ent in d["files"].items()}
+            for key in ("global_step", "epoch", "batch_in_epoch"):
+                if not isinstance(d[key], int) or d[key] < 0:
+                    raise ValueError(f"bad {key} {d[key]!r}")
+            return cls(
+                global_step=d["global_step"], epoch=d["epoch"], batch_in_epoch=d["batch_in_epoch"],
+                kind=CheckpointKind(d["kind"]), loss=d.get("loss"), created_at=str(d.get("created_at", "")),
+                files=files, exact=bool(d.get("exact", True)), torch_version=d.get("torch_version"),
+                python_version=d.get("python_version"), git_commit=d.get("git_commit"),
+                git_dirty=d.get("git_dirty"), world_size=int(d.get("world_size", 1)),
+                sharded=bool(d.get("sharded", False)),
+            )
+        except KeyError as e:
+            raise ValueError(f"manifest lacks {e.args[0]!r}") from e
+
+
+def _file_entry(rel: str, ent: Any) -> FileEntry:
+    if not isinstance(ent, dict) or not isinstance(ent.get("size"), int) or not isinstance(ent.get("xxh3_128"), str):
+        raise ValueError(f"bad file entry for {rel!r}")
+    return FileEntry(ent["size"], ent["xxh3_128"])
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointInfo:
+    """A committed checkpoint whose manifest parsed and whose files passed the chosen check."""
+
+    path: Path
+    manifest: Manifest
+
+    @property
+    def step(self) -> int:
+        return self.manifest.global_step
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+
+def safe_member(ckpt_dir: Path, rel: str) -> Path:
+    """The path of a manifest-listed file, refusing anything that escapes the checkpoint dir."""
+    p = Path(rel)
+    if p.is_absolute() or ".." in p.parts or rel in ("", "."):
+        raise InvalidCheckpoint(ckpt_dir, f"manifest lists unsafe path {rel!r}")
+    full = ckpt_dir / p
+    if full.is_symlink() or not inside(full.resolve(), ckpt_dir.resolve()):
+        raise InvalidCheckpoint(ckpt_dir, f"{rel} points outside the checkpoint")
+    return full
+
+
+def digest_file(path: Path, chunk: int = 8 << 20) -> str:
+    h = new_hasher()
+    with open(path, "rb", buffering=0) as f:
+        buf = bytearray(chunk)
+        view = memoryview(buf)
+        while True:
+            n = f.readinto(buf)
+            if not n:
+                break
+            h.update(view[:n])
+    return h.hexdigest()
+
+
+def _read_manifest(path: Path) -> Manifest:
+    try:
+        raw = (path / MANIFEST_NAME).read_bytes()
+    except FileNotFoundError:
+        raise InvalidCheckpoint(path, "no MANIFEST.json (incomplete or damaged)") from None
+    except OSError as e:
+        raise InvalidCheckpoint(path, f"cannot read MANIFEST.json: {e.strerror or e}") from e
+    try:
+        manifest = Manifest.from_json(json.loads(raw))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise InvalidCheckpoint(path, f"MANIFEST.json is malformed: {e}") from e
+    if not manifest.files:
+        raise InvalidCheckpoint(path, "MANIFEST.json lists no files")
+    return manifest
+
+
+def _check_member(path: Path, rel: str, ent: FileEntry, *, digest: bool) -> None:
+    fp = safe_member(path, rel)
+    try:
+        size = fp.stat().st_size
+    except FileNotFoundError:
+        raise InvalidCheckpoint(path, f"{rel} is missing") from None
+    except OSError as e:
+        raise InvalidCheckpoint(path, f"{rel}: {e.strerror or e}") from e
+    if size != ent.size:
+        raise InvalidCheckpoint(path, f"{rel} has {size} bytes, manifest says {ent.size} (truncated?)")
+    if digest:
+        try:
+            got = digest_file(fp)
+        except OSError as e:
+            raise InvalidCheckpoint(path, f"{rel}: {e.strerror or e}") from e
+        if got != ent.xxh3_128:
+            raise InvalidCheckpoint(path, f"{rel} digest mismatch (corrupted)")
+
+
+def inspect_checkpoint(path: Path, *, full: bool = False, root: Optional[Path] = None,
+                       digest_only: Optional[Callable[[dict[str, FileEntry]], Iterable[str]]] = None,
+                       ) -> CheckpointInfo:
+    """Validate one checkpoint dir: manifest parses and every listed file has its size.
+
+    With `full`, also recompute each file's xxh3_128 (only of the files `digest_only` picks from
+    the manifest's entries, when given: ranks split the hashing of a multi-rank checkpoint). `root` (the
+    checkpoints dir it was found in) refuses a dir that resolves outside it. Raises
+    InvalidCheckpoint naming the reason.
+    """
+    path = Path(path)
+    if root is not None and not inside(path.resolve(), Path(root).resolve()):
+        raise InvalidCheckpoint(path, f"resolves outside {root}")
+    manifest = _read_manifest(path)
+    hashed = set(manifest.files if digest_only is None else digest_only(manifest.files))
+    for rel, ent in manifest.files.items():
+        _check_member(path, rel, ent, digest=full and rel in hashed)
+    return CheckpointInfo(path, manifest)

@@ -1,0 +1,174 @@
+"""Typed records of the small JSON files the two sides exchange, with their to/from JSON.
+
+Readers are tolerant where the file is rewritten while being read (heartbeats): they return None
+instead of failing. `from_json` accepts what older versions wrote; `to_json` writes today's shape.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+from .atomic import read_json
+from .errors import ContractError
+
+__all__ = [
+    "Phase", "HEARTBEAT_FIELDS", "HeartbeatRecord", "read_heartbeat", "read_heartbeat_record",
+    "SupervisorState", "ErrorRecord", "StandbyMessage",
+]
+
+
+class Phase(str, enum.Enum):
+    """Heartbeat phase: starting -> training <-> saving -> stopping | finished."""
+
+    STARTING = "starting"
+    TRAINING = "training"
+    SAVING = "saving"
+    STOPPING = "stopping"
+    FINISHED = "finished"
+
+
+def _opt_int(v: Any) -> Optional[int]:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+@dataclasses.dataclass(frozen=True)
+class HeartbeatRecord:
+    """heartbeats/rank-<R>.json, rewritten atomically by the shim.
+
+    The supervisor judges liveness by *changes* it observes (`seq` increments on every write),
+    timed on its own monotonic clock; `time` (wall clock) is informative only. `step` is the step
+    of the last beat (beats are rate-limited: the step mark has the last step really reached).
+    """
+
+    pid: int
+    rank: int = 0
+    attempt: int = 1
+    step: int = 0
+    epoch: int = 0
+    loss: Optional[float] = None
+    phase: str = Phase.STARTING.value
+    time: Optional[str] = None
+    checkpoint_step: Optional[int] = None     # newest committed checkpoint, or None
+    seq: int = 0
+    resumed_from: Optional[str] = None        # dir actually loaded, after any fallback; None when fresh
+    save_bytes: Optional[int] = 0             # bytes written so far while phase is "saving"
+    node: Optional[int] = None                # set only in a multi-node job
+
+    def to_json(self) -> dict:
+        d = dataclasses.asdict(self)
+        if self.node is None:  # single-node heartbeats have never carried the key
+            del d["node"]
+        return d
+
+    @classmethod
+    def from_json(cls, d: Any) -> Optional["HeartbeatRecord"]:
+        """The record, or None when `d` is not a heartbeat (no integer pid)."""
+        if not isinstance(d, dict) or _opt_int(d.get("pid")) is None:
+            return None
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+HEARTBEAT_FIELDS = tuple(f.name for f in dataclasses.fields(HeartbeatRecord) if f.name != "node")
+
+
+def read_heartbeat(path: Path) -> Optional[dict]:
+    """The heartbeat as a dict, or None when absent or torn (a reader never fails on it)."""
+    try:
+        hb = read_json(path)
+    except ContractError:
+        return None
+    return hb if isinstance(hb, dict) else None
+
+
+def read_heartbeat_record(path: Path) -> Optional[HeartbeatRecord]:
+    """The heartbeat as a typed record, or None when absent, torn or not a heartbeat."""
+    return HeartbeatRecord.from_json(read_heartbeat(path))
+
+
+@dataclasses.dataclass(frozen=True)
+class SupervisorState:
+    """supervisor.json, rewritten atomically by the live supervisor (and read by `status`/`stop`).
+
+    The child's pid comes with its create time and command line, so a later supervisor can tell
+    a leftover trainer from an unrelated process that reused the pid.
+    """
+
+    state: str
+    supervisor_pid: int
+    node: Optional[int] = None
+    host: Optional[str] = None
+    supervisor_create_time: Optional[float] = None
+    child_pid: Optional[int] = None
+    child_create_time: Optional[float] = None
+    child_cmdline: Optional[list[str]] = None
+    attempt: Optional[int] = None
+    restarts: int = 0
+    started_at: Optional[str] = None
+    updated_at: Optional[str] = None
+    config: dict = dataclasses.field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: Any) -> "SupervisorState":
+        if not isinstance(d, dict) or not isinstance(d.get("state"), str) or _opt_int(d.get("supervisor_pid")) is None:
+            raise ContractError("supervisor.json is not a supervisor state (needs state and supervisor_pid)")
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+    @classmethod
+    def read(cls, path: Path) -> "SupervisorState":
+        """Parse supervisor.json; ContractError (one line) when missing, unreadable or malformed."""
+        d = read_json(path)
+        try:
+            return cls.from_json(d)
+        except ContractError as e:
+            raise ContractError(f"{path}: {e}") from e
+
+
+@dataclasses.dataclass(frozen=True)
+class ErrorRecord:
+    """errors/attempt-N[-rank-R].json: a trainer's uncaught exception (written by the shim)."""
+
+    type: str
+    message: str
+    traceback: str = ""
+    step: Optional[int] = None
+    time: Optional[str] = None
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: Any) -> Optional["ErrorRecord"]:
+        """The record, or None when `d` is not one (a reader reports what it can, never fails)."""
+        if not isinstance(d, dict) or not isinstance(d.get("type"), str):
+            return None
+        return cls(type=d["type"], message=str(d.get("message", "")), traceback=str(d.get("traceback") or ""),
+                   step=_opt_int(d.get("step")), time=d.get("time") if isinstance(d.get("time"), str) else None)
+
+
+@dataclasses.dataclass(frozen=True)
+class StandbyMessage:
+    """The one stdin line the supervisor sends a prestarted launcher (trainer_shim.standby)."""
+
+    env: dict[str, str]
+
+    def to_line(self) -> bytes:
+        return (json.dumps({"env": self.env}) + "\n").encode()
+
+    @classmethod
+    def from_line(cls, line: "str | bytes") -> Optional["StandbyMessage"]:
+        """The message, or None for an empty line / EOF (the standby is not needed)."""
+        if not line.strip():
+            return None
+        d = json.loads(line)
+        if not isinstance(d, dict) or not isinstance(d.get("env"), dict):
+            raise ContractError("standby message has no env object")
+        return cls({str(k): str(v) for k, v in d["env"].items()})

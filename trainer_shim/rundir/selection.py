@@ -1,0 +1,107 @@
+"""Choosing a checkpoint: the newest one that validates, and the `latest` convenience link.
+
+Selection never follows `latest` (a link can dangle or be pointed anywhere); it scans the
+committed `step-*` dirs newest first and stops at the first valid one.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Optional
+
+from .atomic import fsync_dir
+from .errors import InvalidCheckpoint
+from .layout import LATEST, TMP_PREFIX, inside, parse_checkpoint_name
+from .manifest import CheckpointInfo, inspect_checkpoint
+
+__all__ = ["iter_checkpoint_dirs", "newest_valid", "repoint_latest"]
+
+OnReject = Callable[[Path, str], None]
+
+
+def iter_checkpoint_dirs(dirs: Iterable[Path]) -> list[tuple[int, Path, Path]]:
+    """(step, checkpoint dir, the checkpoints dir it is in), newest first; tmp dirs never appear."""
+    found = []
+    for order, d in enumerate(dirs):
+        try:
+            entries = list(os.scandir(d))
+        except FileNotFoundError:
+            continue
+        except OSError as e:
+            if e.errno in (errno.ENOTDIR, errno.EACCES):
+                continue
+            raise
+        for ent in entries:
+            step = parse_checkpoint_name(ent.name)
+            if step is not None:
+                found.append((step, -order, Path(ent.path), Path(d)))
+    # Newest step first; on a tie the primary dir (listed first) wins.
+    found.sort(key=lambda t: (t[0], t[1]), reverse=True)
+    return [(s, p, d) for s, _, p, d in found]
+
+
+def newest_valid(
+    dirs: Iterable[Path],
+    *,
+    exclude: Iterable[str] = (),
+    full: bool = False,
+    allow_inexact: bool = False,
+    below_step: Optional[int] = None,
+    on_reject: Optional[OnReject] = None,
+) -> Optional[CheckpointInfo]:
+    """The newest checkpoint that validates, searching `dirs` (primary first, then fallbacks).
+
+    Stops at the first valid one, so the cost does not grow with the number kept. `exclude`
+    holds resolved paths (as str) to skip, e.g. checkpoints the supervisor marked poisoned;
+    inexact (emergency) checkpoints are skipped unless `allow_inexact`.
+    """
+    dirs = [Path(d) for d in dirs]
+    excluded = {str(Path(e)) for e in exclude}
+    for d in dirs:
+        _check_latest_link(d, on_reject)
+    for step, path, root in iter_checkpoint_dirs(dirs):
+        if below_step is not None and step >= below_step:
+            continue
+        if str(path) in excluded or str(path.resolve()) in excluded:
+            continue
+        try:
+            info = inspect_checkpoint(path, full=full, root=root)
+        except InvalidCheckpoint as e:
+            if on_reject:
+                on_reject(path, e.reason)
+            continue
+        if info.manifest.global_step != step:
+            if on_reject:
+                on_reject(path, f"manifest says step {info.manifest.global_step}, dir name says {step}")
+            continue
+        if not info.manifest.exact and not allow_inexact:
+            continue
+        return info
+    return None
+
+
+def _check_latest_link(ckpt_root: Path, on_reject: Optional[OnReject]) -> None:
+    """Report a `latest` link that dangles or leaves the checkpoints dir; selection never follows it."""
+    link = ckpt_root / LATEST
+    if not link.is_symlink() or on_reject is None:
+        return
+    target = link.resolve()
+    if not inside(target, ckpt_root.resolve()):
+        on_reject(link, f"latest points outside {ckpt_root} ({os.readlink(link)})")
+    elif not target.exists():
+        on_reject(link, f"latest points to missing {os.readlink(link)}")
+
+
+def repoint_latest(ckpt_root: Path, name: str) -> None:
+    """Atomically swap `latest` to `name` (relative target, so the run dir can be moved)."""
+    tmp = ckpt_root / f"{TMP_PREFIX}latest-{os.getpid()}"
+    try:
+        os.unlink(tmp)
+    except FileNotFoundError:
+        pass
+    os.symlink(name, tmp)
+    os.replace(tmp, ckpt_root / LATEST)
+    fsync_dir(ckpt_root)
