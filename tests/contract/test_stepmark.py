@@ -9,7 +9,7 @@ import textwrap
 from pathlib import Path
 
 from tests.conftest import REPO
-from trainer_shim.rundir import RunDir, StepMark, ensure_run_dir, read_step_mark
+from trainer_shim.rundir import HeartbeatRecord, RunDir, StepMark, atomic_write_json, ensure_run_dir, reached_step, read_step_mark
 
 _VICTIM = textwrap.dedent("""\
     import os, signal, sys
@@ -61,3 +61,16 @@ def test_step_marks_are_not_heartbeats(tmp_path: Path) -> None:
     rd.heartbeat(3).write_text("{}")
     (rd.heartbeats / ".rank-0.json.x.tmp").write_text("")
     assert rd.heartbeat_files() == [(0, rd.heartbeat(0)), (3, rd.heartbeat(3))]
+
+
+def test_reached_step_trusts_only_this_attempts_files(tmp_path: Path) -> None:
+    rd = ensure_run_dir(tmp_path / "run")
+    with StepMark(rd.step_mark(0)) as mark:
+        mark.set(8)
+    assert reached_step(rd, 0, attempt=2) is None  # no heartbeat: the mark may be an earlier attempt's
+    atomic_write_json(rd.heartbeat(0), HeartbeatRecord(pid=1, attempt=1, step=5).to_json())
+    assert reached_step(rd, 0, attempt=2) is None
+    atomic_write_json(rd.heartbeat(0), HeartbeatRecord(pid=1, attempt=2, step=5).to_json())
+    assert reached_step(rd, 0, attempt=2) == 8  # the heartbeat lags: rate-limited
+    StepMark(rd.step_mark(0)).close()  # opened, never set (died before its first step)
+    assert reached_step(rd, 0, attempt=2) == 5

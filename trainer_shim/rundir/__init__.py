@@ -63,7 +63,7 @@ from .records import (
     read_heartbeat_record,
 )
 from .selection import iter_checkpoint_dirs, newest_valid, repoint_latest
-from .stepmark import STEP_MARK_SIZE, StepMark, read_step_mark
+from .stepmark import STEP_MARK_SIZE, StepMark, reached_step, read_step_mark
 
 __all__ = [
     # errors
@@ -79,7 +79,8 @@ __all__ = [
     "fsync_dir", "atomic_write_bytes", "atomic_write_json", "read_json", "now_iso",
     # records
     "Phase", "HEARTBEAT_FIELDS", "HeartbeatRecord", "read_heartbeat", "read_heartbeat_record",
-    "SupervisorState", "ErrorRecord", "StandbyMessage", "StepMark", "read_step_mark", "STEP_MARK_SIZE",
+    "SupervisorState", "ErrorRecord", "StandbyMessage", "StepMark", "read_step_mark", "reached_step",
+    "STEP_MARK_SIZE",
     # events
     "Event", "POISONED", "append_event", "read_events", "next_attempt_number", "is_poisoning",
     "poisoned_checkpoints",

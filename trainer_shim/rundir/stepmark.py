@@ -6,6 +6,10 @@ beaten at step 5. The shim therefore also stores its step in heartbeats/rank-<R>
 into the page cache, no system call, well under a microsecond. The kernel owns those pages, so
 the value survives the process being killed (not a power cut: nothing here is ever fsynced), and
 the supervisor reads it with a plain read() when an attempt ends.
+
+Ordering rule (what makes a mark trustworthy without deleting files): the shim opens its
+StepMark, which resets the value, *before* its first heartbeat of the attempt. So a rank whose
+heartbeat says this attempt has a mark of this attempt too: `reached_step` checks exactly that.
 """
 
 from __future__ import annotations
@@ -17,7 +21,10 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-__all__ = ["StepMark", "read_step_mark", "STEP_MARK_SIZE"]
+from .layout import RunDir
+from .records import read_heartbeat
+
+__all__ = ["StepMark", "read_step_mark", "reached_step", "STEP_MARK_SIZE"]
 
 STEP_MARK_SIZE = 8
 _FORMAT = "<q"
@@ -74,3 +81,17 @@ def read_step_mark(path: Path) -> Optional[int]:
         return None
     (step,) = struct.unpack(_FORMAT, raw)
     return step if step >= 0 else None
+
+
+def reached_step(run_dir: RunDir, rank: int, attempt: int) -> Optional[int]:
+    """The last step rank `rank` reached in `attempt`: its step mark, else its last heartbeat's step.
+
+    None when the rank has no heartbeat of this attempt (it never started, or the files are an
+    earlier attempt's, whose mark would lie).
+    """
+    hb = read_heartbeat(run_dir.heartbeat(rank))
+    if hb is None or hb.get("attempt") != attempt:
+        return None
+    beat = hb.get("step") if isinstance(hb.get("step"), int) else None
+    mark = read_step_mark(run_dir.step_mark(rank))
+    return max((s for s in (mark, beat) if s is not None), default=None)
