@@ -19,7 +19,7 @@ test: install
 
 # Long, many-seed variants of the failure campaign (chaos soak, repeated seeds).
 test-faults: install
-	RESILIENT_LONG_FAULTS=1 $(PY) -m pytest -q -ra tests/faults
+	RRTEST_LONG_FAULTS=1 $(PY) -m pytest -q -ra tests/faults
 
 demo: install
 	$(PY) examples/demo.py

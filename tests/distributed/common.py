@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Optional
 
 from tests.conftest import JOBS
 from tests.supervisor.helpers import run_cli, sup_env
-from tests.support import assert_equal_state, weights  # noqa: F401 - re-exported
+from tests.support import assert_equal_state, ended_kinds, weights  # noqa: F401 - re-exported
 
 DDP_JOB = str(JOBS / "ddp_train.py")
 FAST = ["--backoff", "0", "--heartbeat-timeout", "5", "--grace-period", "20"]
@@ -21,6 +22,14 @@ def ddp_run(tmp: Path, name: str, *job_args: str, faults: str = "", nproc: int =
     p = run_cli("--nproc-per-node", str(nproc), "--run-dir", str(rd), *FAST, *extra, DDP_JOB, "--out-dir", str(out),
                 *job_args, env=sup_env(DDP_FAULTS=faults, **(env or {})), timeout=timeout)
     return p, rd, out
+
+
+def recovered_run(tmp: Path, name: str, *job_args: str, kinds: Sequence[str], **kw) -> tuple[Path, Path]:
+    """ddp_run that must exit 0 after attempts ending as `kinds` (in order); returns (run dir, out dir)."""
+    p, rd, out = ddp_run(tmp, name, *job_args, **kw)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert ended_kinds(rd) == list(kinds), p.stderr[-3000:]
+    return rd, out
 
 
 def assert_same_weights(out: Path, ref: Path) -> None:

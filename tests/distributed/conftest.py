@@ -4,15 +4,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.distributed.common import ddp_run
-from tests.supervisor.helpers import ended_kinds
+from tests.distributed.common import recovered_run
 
 
 def _uninterrupted(tmp_path_factory, name: str, *job_args: str) -> Path:
     tmp = tmp_path_factory.mktemp(name)
-    p, rd, _out = ddp_run(tmp, "ref", *job_args)
-    assert p.returncode == 0, p.stderr[-3000:]
-    assert ended_kinds(rd) == ["success"]
+    recovered_run(tmp, "ref", *job_args, kinds=["success"])
     return tmp / "ref"
 
 

@@ -25,8 +25,8 @@ from tests.support import assert_equal_state, events, heartbeat, supervisor_stat
 from trainer_shim import rundir
 
 TOY = str(JOBS / "toy_train.py")
-LONG = os.environ.get("RESILIENT_LONG_FAULTS") == "1"
-long_only = pytest.mark.skipif(not LONG, reason="long fault variant: set RESILIENT_LONG_FAULTS=1 (make test-faults)")
+LONG = os.environ.get("RRTEST_LONG_FAULTS") == "1"
+long_only = pytest.mark.skipif(not LONG, reason="long fault variant: set RRTEST_LONG_FAULTS=1 (make test-faults)")
 
 # Fast supervisor settings for the campaign: restart at once, short timeouts.
 FAST = ("--backoff", "0", "--heartbeat-timeout", "3", "--grace-period", "2")

@@ -20,7 +20,7 @@ from .common import (
 # ~10 MB checkpoints (hidden 900 with Adam: 3 x 900x900 fp32 + small), ~300 steps.
 JOB = ("--hidden", "900", "--samples", "400", "--batch-size", "4", "--epochs", "3", "--save-every", "10",
        "--step-sleep", "0.01")
-SEEDS = [int(s) for s in os.environ.get("RESILIENT_CHAOS_SEEDS", "").split(",") if s] or (
+SEEDS = [int(s) for s in os.environ.get("RRTEST_CHAOS_SEEDS", "").split(",") if s] or (
     list(range(1, 9)) if LONG else [1, 2])
 
 

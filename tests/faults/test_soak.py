@@ -1,6 +1,6 @@
-"""Trial 11 (RESILIENT_LONG_FAULTS=1 only): a long chaos soak of kills, hangs and SIGTERM stops + reruns.
+"""Trial 11 (RRTEST_LONG_FAULTS=1 only): a long chaos soak of kills, hangs and SIGTERM stops + reruns.
 
-RESILIENT_SOAK_SECONDS (default 900) and RESILIENT_SOAK_KILLS (default 50) bound it from below:
+RRTEST_SOAK_SECONDS (default 900) and RRTEST_SOAK_KILLS (default 50) bound it from below:
 rounds run until both are reached. Every round must end bit-exact with no leaked process, and
 the checkpoint count never exceeds keep_last + keep_epochs + keep_best + 1.
 """
@@ -25,9 +25,9 @@ SUP = ("--backoff", "0", "--heartbeat-timeout", "2", "--grace-period", "2")
 
 @long_only
 def test_chaos_soak(tmp_path):
-    seconds = float(os.environ.get("RESILIENT_SOAK_SECONDS", "900"))
-    want_kills = int(os.environ.get("RESILIENT_SOAK_KILLS", "50"))
-    seed = int(os.environ.get("RESILIENT_SOAK_SEED", str(int(time.time()))))
+    seconds = float(os.environ.get("RRTEST_SOAK_SECONDS", "900"))
+    want_kills = int(os.environ.get("RRTEST_SOAK_KILLS", "50"))
+    seed = int(os.environ.get("RRTEST_SOAK_SEED", str(int(time.time()))))
     print(f"soak seed {seed}")
     rng = random.Random(seed)
     ref = reference(tmp_path, *JOB)

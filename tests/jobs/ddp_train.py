@@ -18,7 +18,6 @@ before run.step(): this rank's heartbeat stops one step earlier than the others'
 
 from __future__ import annotations
 
-import argparse
 import os
 import random
 import sys
@@ -34,6 +33,7 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a checkout without install
 import trainer_shim  # noqa: E402
+from tests.jobs.jobkit import attempt, job_parser, train_step  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from toy_train import inject  # noqa: E402  (the same fault actions as the single-process job)
@@ -70,15 +70,8 @@ def full_optimizer(model: nn.Module, opt: torch.optim.Optimizer) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--epochs", type=int, default=3)
-    ap.add_argument("--samples", type=int, default=128)
-    ap.add_argument("--batch-size", type=int, default=8)
-    ap.add_argument("--hidden", type=int, default=32)
-    ap.add_argument("--save-every", type=int, default=4)
-    ap.add_argument("--step-sleep", type=float, default=0.0)
+    ap = job_parser(epochs=3, samples=128, batch_size=8, save_every=4)
     ap.add_argument("--out-dir", required=True)
-    ap.add_argument("--run-dir", default=None)
     ap.add_argument("--heartbeat-interval", type=float, default=1.0)
     ap.add_argument("--collective-timeout", type=float, default=60.0)
     ap.add_argument("--fsdp", action="store_true", help="FSDP2 fully_shard instead of DDP (sharded checkpoints)")
@@ -90,8 +83,7 @@ def main() -> None:
     torch.manual_seed(0)  # same initial weights everywhere (DDP broadcasts rank 0's anyway)
     random.seed(rank)
     np.random.seed(rank)
-    attempt = int(os.environ.get("RESILIENT_ATTEMPT", "1"))
-    faults = parse_faults(os.environ.get("DDP_FAULTS", ""), attempt, rank)
+    faults = parse_faults(os.environ.get("DDP_FAULTS", ""), attempt(), rank)
 
     g = torch.Generator().manual_seed(1234)
     x = torch.randn(args.samples, 16, generator=g)
@@ -130,14 +122,10 @@ def main() -> None:
         sampler.set_epoch(epoch)
         model.train()
         for xb, yb in run.batches(loader):
-            opt.zero_grad()
-            loss = loss_fn(model(xb), yb)
-            loss.backward()
-            opt.step()
-            sched.step()
+            loss = train_step(model, opt, loss_fn, xb, yb, sched)
             if faults.get(run.global_step + 1) == "hang_pre":
                 inject("hang")
-            run.step(loss=loss.item())
+            run.step(loss=loss)
             if run.global_step in faults and faults[run.global_step] != "hang_pre":
                 inject(faults[run.global_step])
             if args.step_sleep:

@@ -17,7 +17,6 @@ Other knobs (environment):
 
 from __future__ import annotations
 
-import argparse
 import os
 import random
 import signal
@@ -33,6 +32,7 @@ from torch.utils.data import DataLoader, Dataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a checkout without install
 import trainer_shim  # noqa: E402
+from tests.jobs.jobkit import attempt, job_parser, train_step  # noqa: E402
 
 
 class ToyDataset(Dataset):
@@ -126,16 +126,9 @@ def inject(action: str) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--epochs", type=int, default=3)
-    ap.add_argument("--samples", type=int, default=96)
-    ap.add_argument("--batch-size", type=int, default=8)
+    ap = job_parser(epochs=3, samples=96, batch_size=8, save_every=5)
     ap.add_argument("--num-workers", type=int, default=0)
-    ap.add_argument("--hidden", type=int, default=32)
-    ap.add_argument("--save-every", type=int, default=5)
-    ap.add_argument("--step-sleep", type=float, default=0.0)
     ap.add_argument("--out", default=None)
-    ap.add_argument("--run-dir", default=None)
     ap.add_argument("--fallback-dir", default=None)
     ap.add_argument("--keep-last", type=int, default=3)
     args = ap.parse_args()
@@ -143,8 +136,7 @@ def main() -> None:
     torch.manual_seed(0)
     random.seed(0)
     np.random.seed(0)
-    attempt = int(os.environ.get("RESILIENT_ATTEMPT", "1"))
-    faults = parse_faults(os.environ.get("TOY_FAULTS", ""), attempt)
+    faults = parse_faults(os.environ.get("TOY_FAULTS", ""), attempt())
     global _HANG_FLAG
     if "worker_hang" in faults.values():
         # Per attempt, next to the output (the run dir is created by init(), after the loader).
@@ -172,13 +164,9 @@ def main() -> None:
     for _epoch in run.epochs(args.epochs):
         model.train()
         for x, y in run.batches(loader):
-            opt.zero_grad()
-            loss = loss_fn(model(x), y)
-            loss.backward()
-            opt.step()
-            per_step.step()
+            loss = train_step(model, opt, loss_fn, x, y, per_step)
             run.state["seen"] += len(x)
-            run.step(loss=loss.item())
+            run.step(loss=loss)
             if run.global_step in faults:
                 inject(faults[run.global_step])
             if args.step_sleep:

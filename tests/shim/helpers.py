@@ -25,7 +25,7 @@ def run_job(script: Path, run_dir: Optional[Path], *args: str, attempt: int = 1,
     its DataLoader workers orphaned (they may linger holding inherited fds), so we wait for the
     job's own pid and then kill whatever is left of its process group.
     """
-    e = child_env(RESILIENT_ATTEMPT=str(attempt), TOY_FAULTS=faults, **(env or {}))
+    e = child_env(**{rundir.ENV_ATTEMPT: str(attempt)}, TOY_FAULTS=faults, **(env or {}))
     argv = [PYTHON, str(script), *args]
     if run_dir is not None:
         argv += ["--run-dir", str(run_dir)]
@@ -45,7 +45,7 @@ def run_toy(run_dir: Optional[Path], *args: str, **kw) -> subprocess.CompletedPr
 
 
 def start_toy(run_dir: Path, *args: str, attempt: int = 1, faults: str = "") -> subprocess.Popen:
-    e = child_env(RESILIENT_ATTEMPT=str(attempt), TOY_FAULTS=faults)
+    e = child_env(**{rundir.ENV_ATTEMPT: str(attempt)}, TOY_FAULTS=faults)
     return subprocess.Popen([PYTHON, str(TOY), *args, "--run-dir", str(run_dir)], env=e,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
 

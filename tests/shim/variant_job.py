@@ -4,7 +4,6 @@ optimizer.step() and run.step(). Faults come from TOY_FAULTS like the toy job.""
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -17,6 +16,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import trainer_shim  # noqa: E402
+from tests.jobs.jobkit import attempt, job_parser  # noqa: E402
 from tests.jobs.toy_train import inject, parse_faults  # noqa: E402
 
 
@@ -79,17 +79,12 @@ class FakeStatefulLoader:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = job_parser(epochs=2, samples=64, batch_size=4, save_every=5)
     ap.add_argument("--loader", choices=["dist", "stateful", "list", "slow", "dataloader"], default="dataloader")
-    ap.add_argument("--epochs", type=int, default=2)
-    ap.add_argument("--samples", type=int, default=64)
-    ap.add_argument("--batch-size", type=int, default=4)
-    ap.add_argument("--save-every", type=int, default=5)
     ap.add_argument("--crash-dirty-at", type=int, default=0)
-    ap.add_argument("--run-dir", default=None)
     args = ap.parse_args()
     torch.manual_seed(0)
-    faults = parse_faults(os.environ.get("TOY_FAULTS", ""), int(os.environ.get("RESILIENT_ATTEMPT", "1")))
+    faults = parse_faults(os.environ.get("TOY_FAULTS", ""), attempt())
 
     sleep = float(os.environ.get("VARIANT_SLEEP", "0"))
     ds = Indexed(args.samples, sleep)
