@@ -11,7 +11,7 @@ import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from .errors import ContractError
 
@@ -75,6 +75,16 @@ def tmp_dirs(ckpt_root: Path) -> Iterator[Path]:
         return
 
 
+class _Under:
+    """A read-only RunDir path: `name` under another of its paths (`root`, `own`, ...)."""
+
+    def __init__(self, base: str, name: str) -> None:
+        self.base, self.name = base, name
+
+    def __get__(self, rd: Optional["RunDir"], owner: type) -> Any:
+        return self if rd is None else getattr(rd, self.base) / self.name
+
+
 @dataclasses.dataclass(frozen=True)
 class RunDir:
     """Every path inside one run directory.
@@ -107,45 +117,17 @@ class RunDir:
             return []
         return sorted(int(m.group(1)) for m in map(_NODE_RE.match, names) if m)
 
-    @property
-    def checkpoints(self) -> Path:
-        return self.root / CHECKPOINTS
-
-    @property
-    def latest(self) -> Path:
-        return self.checkpoints / LATEST
-
-    @property
-    def heartbeats(self) -> Path:
-        return self.root / "heartbeats"
-
-    @property
-    def logs(self) -> Path:
-        return self.own / "logs"
-
-    @property
-    def errors(self) -> Path:
-        return self.own / "errors"
-
-    @property
-    def events(self) -> Path:
-        return self.own / "events.jsonl"
-
-    @property
-    def supervisor_state(self) -> Path:
-        return self.own / "supervisor.json"
-
-    @property
-    def lock(self) -> Path:
-        return self.own / "supervisor.lock"
-
-    @property
-    def index(self) -> Path:
-        return self.root / "checkpoint_metadata.json"
-
-    @property
-    def metrics(self) -> Path:
-        return self.own / "metrics.prom"
+    # The layout as a table: each path is a name under the shared root or this supervisor's own dir.
+    checkpoints = _Under("root", CHECKPOINTS)
+    latest = _Under("checkpoints", LATEST)
+    heartbeats = _Under("root", "heartbeats")
+    index = _Under("root", "checkpoint_metadata.json")
+    logs = _Under("own", "logs")
+    errors = _Under("own", "errors")
+    events = _Under("own", "events.jsonl")
+    supervisor_state = _Under("own", "supervisor.json")
+    lock = _Under("own", "supervisor.lock")
+    metrics = _Under("own", "metrics.prom")
 
     def heartbeat(self, rank: int = 0) -> Path:
         return self.heartbeats / heartbeat_name(rank)
