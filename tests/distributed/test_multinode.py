@@ -26,10 +26,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _node_events(rd: Path, node: int, name: str) -> list[dict]:
-    return [e for e in rundir.read_events(rundir.RunDir(rd, node)) if e["event"] == name]
-
-
 def _listening(port: int) -> bool:
     return any(c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN
                for c in psutil.net_connections(kind="tcp"))
@@ -62,7 +58,7 @@ def _both_succeed(sups: list, rd: Path, timeout: float) -> dict[int, list[dict]]
                 kill_group(s)
     errs = [s.stderr.read() for s in sups]
     assert [s.returncode for s in sups] == [0, 0], errs
-    return {n: _node_events(rd, n, "attempt_ended") for n in (0, 1)}
+    return {n: events(rd, "attempt_ended", node=n) for n in (0, 1)}
 
 
 def _rank_of_node(rd: Path, node: int, min_step: int) -> dict | None:
@@ -116,7 +112,7 @@ def test_rank_killed_on_node_1_both_nodes_recover_from_the_same_checkpoint(refer
     assert not (rd / "supervisor.json").exists() and not (rd / "events.jsonl").exists()
     # No process of either node's tree survives.
     for n in (0, 1):
-        for e in _node_events(rd, n, "attempt_started"):
+        for e in events(rd, "attempt_started", node=n):
             assert not alive(e["pid"])
     # status covers every node of the run dir.
     st = run_cli("status", str(rd), "--json")
@@ -148,7 +144,7 @@ def test_node_restarting_before_its_peer_rejoins_the_closed_rendezvous_without_s
     assert all("RendezvousClosedError" in e["evidence"] for e in ended[1][1:-1]), ended[1]
     states = {n: json.loads((rd / "nodes" / f"node-{n}" / "supervisor.json").read_text()) for n in (0, 1)}
     assert states[1]["restarts"] == 1 and states[0]["restarts"] == 1, states
-    assert not _node_events(rd, 1, "checkpoint_rejected")
+    assert not events(rd, "checkpoint_rejected", node=1)
     resumed = {n: ended[n][-1]["resumed_from"] for n in (0, 1)}
     assert resumed[0] == resumed[1] and rundir.parse_checkpoint_name(Path(resumed[0]).name) == 8, resumed
     assert_same_weights(out, reference / "out")
