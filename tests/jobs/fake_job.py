@@ -4,9 +4,10 @@ FAKE_PLAN="ATTEMPT:ACTION,..." picks what attempt N does after FAKE_STEPS steps 
 FAKE_STEP_S seconds: ok (exit 0), exitN, kill (SIGKILL self), hang (stop beating, sleep),
 silent (never beat at all), alloc (allocate until OOM-killed), oomerr (write a CUDA OOM error file, exit 1), sigterm-aware
 stopping is built in (SIGTERM -> heartbeat phase stopping, exit 75). Unlisted attempts run ok.
+Like the shim, it sets its step mark on every step; FAKE_BEAT_EVERY=N (default 1) beats only on
+step 1 and every N-th step, so the last heartbeat's step can lag the step really reached.
 """
 
-import json
 import os
 import signal
 import sys
@@ -25,26 +26,30 @@ step_s = float(os.environ.get("FAKE_STEP_S", "0.1"))
 stop = []
 signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
 signal.signal(signal.SIGUSR1, lambda *a: None)  # the shim dumps stacks here; we only survive it
+beat_every = int(os.environ.get("FAKE_BEAT_EVERY", "1"))
+mark = rundir.StepMark(rd.step_mark(0))  # before the first beat, as the shim does
 seq = 0
 
 
-def beat(step, phase="training"):
+def beat(step, phase=rundir.Phase.TRAINING):
     global seq
     seq += 1
-    rundir.atomic_write_json(rd.heartbeat(0), {
-        "pid": os.getpid(), "rank": 0, "attempt": attempt, "step": step, "epoch": 0, "loss": None,
-        "phase": phase, "time": time.time(), "checkpoint_step": None, "seq": seq,
-        "resumed_from": os.environ.get(rundir.ENV_RESUME_FROM), "save_bytes": None}, durable=False)
+    hb = rundir.HeartbeatRecord(pid=os.getpid(), attempt=attempt, step=step, phase=rundir.Phase(phase).value,
+                                time=rundir.now_iso(), seq=seq, resumed_from=os.environ.get(rundir.ENV_RESUME_FROM),
+                                save_bytes=None)
+    rundir.atomic_write_json(rd.heartbeat(0), hb.to_json(), durable=False)
 
 
 if action == "silent":
     time.sleep(3600)
 print(f"fake_job: attempt {attempt} action {action}", flush=True)
 for step in range(1, steps + 1):
-    beat(step)
+    mark.set(step)
+    if step == 1 or step % beat_every == 0:
+        beat(step)
     if stop:
-        beat(step, "stopping")
-        sys.exit(75)
+        beat(step, rundir.Phase.STOPPING)
+        sys.exit(rundir.EXIT_PREEMPTED)
     time.sleep(step_s)
 if action.startswith("exit"):
     sys.exit(int(action[4:]))
@@ -60,7 +65,9 @@ if action == "alloc":
         for i in range(0, len(hog[-1]), 4096):
             hog[-1][i] = 1
 if action == "oomerr":
-    rd.error_file(attempt).write_text(json.dumps({"type": "torch.OutOfMemoryError", "message": "CUDA out of memory. Tried to allocate 2.00 GiB", "traceback": "", "step": steps}))
+    err = rundir.ErrorRecord(type="torch.OutOfMemoryError", message="CUDA out of memory. Tried to allocate 2.00 GiB",
+                             step=steps, time=rundir.now_iso())
+    rundir.atomic_write_json(rd.error_file(attempt), err.to_json())
     sys.exit(1)
-beat(steps, "finished")
+beat(steps, rundir.Phase.FINISHED)
 print("fake_job: done", flush=True)
