@@ -51,7 +51,7 @@ from .errors import ContractError, EnvError, InvalidCheckpoint
 from .events import POISONED, Event, append_event, is_poisoning, next_attempt_number, poisoned_checkpoints, read_events
 from .index import checkpoint_roots, index_entry, read_index
 from .layout import (
-    CHECKPOINTS, CKPT_PREFIX, HEARTBEAT_GLOB, LATEST, NODES, RUN_DIR_MODE, TMP_PREFIX, RunDir, checkpoint_name,
+    CHECKPOINTS, CKPT_PREFIX, LATEST, NODES, RUN_DIR_MODE, TMP_PREFIX, RunDir, checkpoint_name,
     ensure_run_dir, heartbeat_name, inside, parse_checkpoint_name, parse_heartbeat_name, step_mark_name, tmp_dirs,
 )
 from .manifest import (
@@ -73,7 +73,7 @@ __all__ = [
     "RESUME_NONE", "EXIT_PREEMPTED", "RunEnv", "parse_bool",
     # layout
     "RunDir", "ensure_run_dir", "CHECKPOINTS", "NODES", "LATEST", "TMP_PREFIX", "CKPT_PREFIX", "RUN_DIR_MODE",
-    "HEARTBEAT_GLOB", "checkpoint_name", "parse_checkpoint_name", "heartbeat_name", "parse_heartbeat_name",
+    "checkpoint_name", "parse_checkpoint_name", "heartbeat_name", "parse_heartbeat_name",
     "step_mark_name", "tmp_dirs", "inside",
     # files
     "fsync_dir", "atomic_write_bytes", "atomic_write_json", "read_json", "now_iso",

@@ -16,7 +16,7 @@ from typing import Any, Optional
 from .errors import ContractError
 
 __all__ = [
-    "CHECKPOINTS", "NODES", "LATEST", "TMP_PREFIX", "CKPT_PREFIX", "RUN_DIR_MODE", "HEARTBEAT_GLOB",
+    "CHECKPOINTS", "NODES", "LATEST", "TMP_PREFIX", "CKPT_PREFIX", "RUN_DIR_MODE",
     "RunDir", "ensure_run_dir", "checkpoint_name", "parse_checkpoint_name", "heartbeat_name",
     "parse_heartbeat_name", "step_mark_name", "tmp_dirs", "inside",
 ]
@@ -27,7 +27,6 @@ LATEST = "latest"
 TMP_PREFIX = ".tmp-"
 CKPT_PREFIX = "step-"
 RUN_DIR_MODE = 0o700
-HEARTBEAT_GLOB = "rank-*.json"
 _CKPT_RE = re.compile(r"^step-(\d{8,})$")
 _NODE_RE = re.compile(r"^node-(\d+)$")
 _HEARTBEAT_RE = re.compile(r"^rank-(\d+)\.json$")
