@@ -105,10 +105,10 @@ class Run:
         if extra is not None and not isinstance(extra, dict):
             raise ConfigError("extra must be a dict of objects with state_dict()/load_state_dict()")
         script = _script_path()
-        root = run_dir or os.environ.get(rundir.ENV_RUN_DIR) or Path("runs") / (script.stem if script else "interactive")
-        node = os.environ.get(rundir.ENV_NODE, "")
-        try:
-            self.rd = rundir.ensure_run_dir(Path(root).absolute(), int(node) if node.isdigit() else None)
+        try:  # the product env, parsed once; a bad value is a one-line configuration error
+            self.env = env = rundir.RunEnv.from_environ(os.environ)
+            root = run_dir or env.run_dir or Path("runs") / (script.stem if script else "interactive")
+            self.rd = rundir.ensure_run_dir(Path(root).absolute(), env.node)
         except rundir.ContractError as e:
             raise ConfigError(str(e)) from e
         self.rank = _env_int("RANK", 0)
@@ -127,10 +127,11 @@ class Run:
         if sharded and model is None:
             raise ConfigError("sharded=True needs a model (its state goes through torch.distributed.checkpoint)")
         self.sharded = bool(sharded)
-        if allow_reshard is None:
-            allow_reshard = os.environ.get(rundir.ENV_ALLOW_RESHARD, "") not in ("", "0")
-        self.allow_reshard = bool(allow_reshard)
-        self.attempt = _env_int(rundir.ENV_ATTEMPT, 1)
+        self.allow_reshard = bool(env.allow_reshard if allow_reshard is None else allow_reshard)
+        self.attempt = env.attempt
+        # The step mark is reset before the first beat: the supervisor trusts a mark only once this
+        # attempt's heartbeat exists, so it never reads a previous attempt's step as ours.
+        self._mark = rundir.StepMark(self.rd.step_mark(self.rank))
         # The first beat goes out before any restore work, so a slow restore is visibly "starting".
         self._hb = Heartbeat(self.rd.heartbeat(self.rank), rank=self.rank, attempt=self.attempt,
                              interval=heartbeat_interval, node=self.rd.node)
@@ -193,6 +194,7 @@ class Run:
             self._restore_dist()
         else:
             self._restore()
+        self._mark.set(self.global_step)
         # Second "starting" beat: the supervisor learns what was actually restored (after any fallback).
         self._hb.write_now(step=self.global_step, epoch=self.epoch, loss=self.loss,
                            resumed_from=self.resumed_from, checkpoint_step=self.checkpoint_step)
@@ -268,6 +270,7 @@ class Run:
     def step(self, loss: Any = None) -> None:
         """Count one optimizer step: heartbeat when due, checkpoint when due, graceful stop if asked."""
         self.global_step += 1
+        self._mark.set(self.global_step)
         self.batch_in_epoch = self._yielded if self._stream_epoch == self.epoch else self.batch_in_epoch + 1
         if loss is not None:
             self.loss = loss if type(loss) is float else float(loss)
@@ -315,6 +318,7 @@ class Run:
         for t in self._deleters:  # a finished run leaves no trash behind
             t.join()
         self._hb.stop()
+        self._mark.close()
         self._hb.write_now(phase=Phase.FINISHED.value, step=self.global_step, epoch=self.epoch,
                            loss=self.loss, checkpoint_step=self.checkpoint_step)
 
@@ -731,6 +735,7 @@ class Run:
     def _preempt(self) -> None:
         self._save(CheckpointKind.PREEMPT)
         self._hb.stop()
+        self._mark.close()
         self._hb.write_now(phase=Phase.STOPPING.value, step=self.global_step, epoch=self.epoch,
                            loss=self.loss, checkpoint_step=self.checkpoint_step)
         _say(f"stop requested (signal {self._stop.signum}); checkpoint at step {self.global_step}; "
@@ -775,7 +780,7 @@ class Run:
 
     def _restore(self) -> None:
         """Load the requested or newest valid checkpoint, falling back to older ones on rejection."""
-        requested = os.environ.get(rundir.ENV_RESUME_FROM)
+        requested = self.env.resume_from
         if requested == rundir.RESUME_NONE:
             _say(f"starting fresh in {self.rd.root} (supervisor: no valid checkpoint)")
             return
@@ -818,7 +823,7 @@ class Run:
         """rank 0 chooses (the supervisor's pick, else the newest valid), broadcasts, every rank loads it;
         a checkpoint any rank cannot apply is rejected and the next older one tried, on all ranks."""
         d = self._dist
-        requested = os.environ.get(rundir.ENV_RESUME_FROM)
+        requested = self.env.resume_from
         if requested == rundir.RESUME_NONE:
             if self.rank == 0:
                 _say(f"starting fresh in {self.rd.root} (supervisor: no valid checkpoint)")

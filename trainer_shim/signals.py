@@ -11,7 +11,7 @@ import threading
 import traceback
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Callable, Optional, TextIO
+from typing import Any, Callable, Optional
 
 
 class StopFlag:
@@ -37,19 +37,58 @@ class StopFlag:
         self.signum = signum
 
 
-_stack_file: Optional[TextIO] = None  # kept open for the process lifetime: faulthandler writes to its fd
+_stack_pipe: Optional[tuple[int, int]] = None  # (read, write) fds; faulthandler writes into the pipe
+_stack_path: Optional[Path] = None
+_F_SETPIPE_SZ = 1031
+
+
+def _relay_stacks() -> None:
+    """Copy dumps from the pipe into the stack file, creating it only when a dump arrives."""
+    out = None
+    while _stack_pipe is not None:
+        try:
+            chunk = os.read(_stack_pipe[0], 65536)
+        except OSError:
+            return
+        if not chunk:
+            return
+        path = _stack_path
+        try:
+            if out is None or out.name != str(path):
+                if out is not None:
+                    out.close()
+                out = open(path, "ab", buffering=0)  # type: ignore[arg-type]
+            out.write(chunk)
+        except OSError:
+            continue
 
 
 def install_stack_dumps(path: Path) -> bool:
-    """SIGUSR1 dumps every thread's Python stack into `path` (appending) without stopping."""
-    global _stack_file
+    """SIGUSR1 dumps every thread's Python stack into `path` (appending) without stopping.
+
+    faulthandler needs a file descriptor when it is registered, but an empty stack file for every
+    attempt is noise: it writes into a pipe (from its async-safe C handler, so a main thread stuck
+    in C still gets dumped), and a relay thread creates `path` only when bytes arrive. The write end
+    is non-blocking: a dump larger than the pipe is cut short instead of hanging the process.
+    """
+    global _stack_pipe, _stack_path
     if not hasattr(signal, "SIGUSR1"):
         return False
+    _stack_path = path
+    if _stack_pipe is not None:  # one relay per process; a new Run only moves the target file
+        return True
     try:
-        if _stack_file is not None:
-            _stack_file.close()
-        _stack_file = open(path, "a", buffering=1)
-        faulthandler.register(signal.SIGUSR1, file=_stack_file, all_threads=True, chain=False)
+        r, w = os.pipe()
+        try:
+            import fcntl
+
+            fcntl.fcntl(w, _F_SETPIPE_SZ, 1 << 20)
+        except OSError:
+            pass
+        os.set_blocking(w, False)
+        _stack_pipe = (r, w)
+        threading.Thread(target=_relay_stacks, daemon=True, name="trainer_shim-stacks").start()
+        faulthandler.register(signal.SIGUSR1, file=w, all_threads=True, chain=False)
         return True
     except (OSError, RuntimeError, ValueError):
         return False
