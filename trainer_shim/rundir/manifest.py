@@ -24,22 +24,26 @@ MANIFEST_NAME = "MANIFEST.json"
 
 
 class CheckpointKind(str, enum.Enum):
-    """Why a checkpoint was taken; step/preempt/emergency share one rotation pool, epoch/final another."""
+    """Why a checkpoint was taken, with what each kind implies, stated once per kind.
 
-    STEP = "step"
-    EPOCH = "epoch"
-    FINAL = "final"
-    EMERGENCY = "emergency"
-    PREEMPT = "preempt"
+    `pool`: step/preempt/emergency checkpoints rotate in one pool, epoch/final in another.
+    `rank`: strength for index upgrades; a save at an existing step may raise, never lower, the kind.
+    """
 
-    @property
-    def pool(self) -> str:
-        return "epoch" if self in (CheckpointKind.EPOCH, CheckpointKind.FINAL) else "step"
+    pool: str
+    rank: int
 
-    @property
-    def rank(self) -> int:
-        """Strength for index upgrades: a save at an existing step may raise, never lower, the kind."""
-        return {"emergency": 0, "step": 1, "preempt": 1, "epoch": 2, "final": 3}[self.value]
+    def __new__(cls, value: str, pool: str, rank: int) -> "CheckpointKind":
+        member = str.__new__(cls, value)
+        member._value_ = value
+        member.pool, member.rank = pool, rank
+        return member
+
+    STEP = ("step", "step", 1)
+    EPOCH = ("epoch", "epoch", 2)
+    FINAL = ("final", "epoch", 3)
+    EMERGENCY = ("emergency", "step", 0)
+    PREEMPT = ("preempt", "step", 1)
 
 
 def new_hasher() -> "xxhash.xxh3_128":
