@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional, TypeVar
 
-from trainer_shim.rundir import Event, RunDir, read_events, read_heartbeat, read_json, ContractError
+from trainer_shim.rundir import ContractError, Event, RunDir, read_events, read_heartbeat, read_json
 
 T = TypeVar("T")
 
