@@ -13,6 +13,7 @@ the attempt from the newest complete checkpoint.
 from __future__ import annotations
 
 import datetime
+import os
 from typing import Any
 
 import torch
@@ -20,7 +21,15 @@ import torch.distributed as dist
 
 from .errors import CollectiveTimeout, WorldSizeMismatch
 
-__all__ = ["Dist", "CollectiveTimeout", "WorldSizeMismatch", "active_world_size"]
+__all__ = ["Dist", "Solo", "env_int", "CollectiveTimeout", "WorldSizeMismatch", "active_world_size"]
+
+
+def env_int(name: str, default: int) -> int:
+    """RANK / WORLD_SIZE as torchrun sets them; a missing or malformed value means a single process."""
+    try:
+        return int(os.environ.get(name, default))
+    except ValueError:
+        return default
 
 
 def active_world_size() -> int:
@@ -73,3 +82,29 @@ class Dist:
                 dist.destroy_process_group()
         except Exception:  # noqa: BLE001 - leaving anyway
             pass
+
+
+class Solo:
+    """A world of one: the same interface as Dist with no torch.distributed call (nothing to agree on)."""
+
+    rank = 0
+    world_size = 1
+    group = None
+
+    def guard(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+
+    def barrier(self, what: str) -> None:
+        pass
+
+    def broadcast(self, obj: Any, what: str) -> Any:
+        return obj
+
+    def all_gather(self, obj: Any, what: str) -> list:
+        return [obj]
+
+    def agree(self, stop: bool, save: bool) -> tuple[bool, bool]:
+        return stop, save
+
+    def destroy(self) -> None:
+        pass

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import shutil
-import subprocess
 import sys
-import threading
 import time
 import traceback
 from collections.abc import Iterable, Iterator
@@ -16,13 +13,14 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Optional
 
-import torch
 
 from . import checkpoint as ckpt
-from . import data, rng, rotation, rundir, signals
-from .errors import CheckpointError, CollectiveTimeout, ConfigError, WorldSizeMismatch
+from . import data, distributed, restoring, retention, rng, rotation, rundir, saving, signals
+from .errors import CheckpointError, CollectiveTimeout, ConfigError
 from .heartbeat import Heartbeat
-from .rundir import CheckpointKind, Phase
+from .loading import LoadResult, load, sharded_module
+from .provenance import git_info, script_path
+from .rundir import CheckpointKind, Event, Phase
 
 __all__ = ["Run", "init", "load", "LoadResult"]
 
@@ -33,45 +31,20 @@ def _say(msg: str) -> None:
     print(f"{_PREFIX} {msg}", file=sys.stderr, flush=True)
 
 
-def _script_path() -> Optional[Path]:
-    main = sys.modules.get("__main__")
-    f = getattr(main, "__file__", None) or (sys.argv[0] if sys.argv and sys.argv[0] not in ("", "-c") else None)
-    return Path(f).resolve() if f else None
+def _validate(save_every_steps: Optional[int], extra: Any) -> None:
+    if save_every_steps is not None and save_every_steps <= 0:
+        raise ConfigError(f"save_every_steps must be positive, got {save_every_steps}")
+    if extra is not None and not isinstance(extra, dict):
+        raise ConfigError("extra must be a dict of objects with state_dict()/load_state_dict()")
 
 
-def git_info(directory: Optional[Path], timeout: float = 2.0) -> tuple[Optional[str], Optional[bool]]:
-    """(commit, dirty) of the repository containing `directory`; (None, None) when not a repo."""
-    if directory is None:
-        return None, None
-    try:
-        head = subprocess.run(["git", "-C", str(directory), "rev-parse", "HEAD"], capture_output=True,
-                              text=True, timeout=timeout)
-        if head.returncode != 0:
-            return None, None
-        commit = head.stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None, None
-    try:
-        st = subprocess.run(["git", "-C", str(directory), "status", "--porcelain", "--untracked-files=no"],
-                            capture_output=True, text=True, timeout=timeout)
-        dirty: Optional[bool] = bool(st.stdout.strip()) if st.returncode == 0 else None
-    except (OSError, subprocess.SubprocessError):
-        dirty = None
-    return commit, dirty
-
-
-def _sharded() -> Any:
-    """The DCP module, imported on first use (it costs ~0.6 s and only sharded runs need it)."""
-    from . import sharded
-
-    return sharded
-
-
-def _env_int(name: str, default: int) -> int:
-    try:
-        return int(os.environ.get(name, default))
-    except ValueError:
-        return default
+def _decide_sharded(sharded: Optional[bool], model: Any) -> bool:
+    if sharded is None:  # FSDP2/DTensor state must not be gathered to go through torch.save
+        # No DTensor exists unless its module was imported: spare everyone else DCP's import.
+        sharded = "torch.distributed.tensor" in sys.modules and sharded_module().uses_dtensor(model)
+    if sharded and model is None:
+        raise ConfigError("sharded=True needs a model (its state goes through torch.distributed.checkpoint)")
+    return bool(sharded)
 
 
 class Run:
@@ -100,33 +73,16 @@ class Run:
         sharded: Optional[bool] = None,
         allow_reshard: Optional[bool] = None,
     ) -> None:
-        if save_every_steps is not None and save_every_steps <= 0:
-            raise ConfigError(f"save_every_steps must be positive, got {save_every_steps}")
-        if extra is not None and not isinstance(extra, dict):
-            raise ConfigError("extra must be a dict of objects with state_dict()/load_state_dict()")
-        script = _script_path()
+        _validate(save_every_steps, extra)
+        script = script_path()
         try:  # the product env, parsed once; a bad value is a one-line configuration error
             self.env = env = rundir.RunEnv.from_environ(os.environ)
             root = run_dir or env.run_dir or Path("runs") / (script.stem if script else "interactive")
             self.rd = rundir.ensure_run_dir(Path(root).absolute(), env.node)
         except rundir.ContractError as e:
             raise ConfigError(str(e)) from e
-        self.rank = _env_int("RANK", 0)
-        self.world_size = _env_int("WORLD_SIZE", 1)
-        self._dist: Any = None  # distributed.Dist when WORLD_SIZE > 1; None keeps the single-process path
-        if self.world_size > 1:
-            from . import distributed
-
-            if distributed.active_world_size() != self.world_size:
-                raise ConfigError(f"WORLD_SIZE={self.world_size} but torch.distributed is not initialised with that "
-                                  "world size; call torch.distributed.init_process_group() before trainer_shim.init()")
-            self._dist = distributed.Dist(collective_timeout)
-        if sharded is None:  # FSDP2/DTensor state must not be gathered to go through torch.save
-            # No DTensor exists unless its module was imported: spare everyone else DCP's import.
-            sharded = "torch.distributed.tensor" in sys.modules and _sharded().uses_dtensor(model)
-        if sharded and model is None:
-            raise ConfigError("sharded=True needs a model (its state goes through torch.distributed.checkpoint)")
-        self.sharded = bool(sharded)
+        self._join_world(collective_timeout)
+        self.sharded = _decide_sharded(sharded, model)
         self.allow_reshard = bool(env.allow_reshard if allow_reshard is None else allow_reshard)
         self.attempt = env.attempt
         # The step mark is reset before the first beat: the supervisor trusts a mark only once this
@@ -136,18 +92,38 @@ class Run:
         self._hb = Heartbeat(self.rd.heartbeat(self.rank), rank=self.rank, attempt=self.attempt,
                              interval=heartbeat_interval, node=self.rd.node)
         self._hb.write_now()
-
         self.model, self.optimizer, self.scheduler, self.scaler = model, optimizer, scheduler, scaler
         self.extra: dict[str, Any] = dict(extra or {})
-        self.save_every_steps = save_every_steps
-        self.save_every_seconds = save_every_seconds
+        self.save_every_steps, self.save_every_seconds = save_every_steps, save_every_seconds
         self.save_on_epoch_end = save_on_epoch_end
         self.keep_last, self.keep_epochs, self.keep_best = keep_last, keep_epochs, keep_best
         self.fallback_dir = Path(fallback_dir).absolute() if fallback_dir else None
         self.min_free_bytes = int(min_free_bytes or 0)
         self.heartbeat_interval = float(heartbeat_interval)
         self.resume_emergency = resume_emergency
+        self._reset_position()
+        self._retention = retention.Retention(self.rd, lambda: self.search_dirs, keep_last=keep_last,
+                                              keep_epochs=keep_epochs, keep_best=keep_best)
+        self._install_hooks()
+        self.git_commit, self.git_dirty = git_info(script.parent if script else None)
+        self.last_failure: Optional[str] = os.environ.get(rundir.ENV_LAST_FAILURE) or None
+        self._resume()
 
+    def _resume(self) -> None:
+        if self._group.world_size == 1 or self.rank == 0:
+            for d in self.search_dirs:
+                for t in rundir.tmp_dirs(d):  # abandoned writes of a killed attempt
+                    shutil.rmtree(t, ignore_errors=True)
+        self._group.barrier("startup barrier")  # rank 0 has cleaned up before anyone saves
+        restoring.restore(self)
+        self._mark.set(self.global_step)
+        # Second "starting" beat: the supervisor learns what was actually restored (after any fallback).
+        self._hb.write_now(step=self.global_step, epoch=self.epoch, loss=self.loss,
+                           resumed_from=self.resumed_from, checkpoint_step=self.checkpoint_step)
+        self._hb.start()
+
+    def _reset_position(self) -> None:
+        """Where training stands (step 0 until a checkpoint is restored) and the data cursor."""
         self.global_step = 0
         self.epoch = 0
         self.batch_in_epoch = 0
@@ -168,37 +144,28 @@ class Run:
         self._hb_last = -math.inf
         self._last_save_t = time.monotonic()
         self._last_size = 0               # bytes of the last checkpoint (free-space check)
-        self._resumed_step: Optional[int] = None
-        self._committed_step: Optional[int] = None  # newest checkpoint this process committed
         self._warned_workers = False
         self._finished = False
-        self._deleters: list[threading.Thread] = []  # background rmtree of rotated checkpoints
 
+    def _join_world(self, collective_timeout: float) -> None:
+        """This process's rank and group: a world of one is a group of size one (no torch.distributed)."""
+        self.rank = distributed.env_int("RANK", 0)
+        self.world_size = distributed.env_int("WORLD_SIZE", 1)
+        self._group: Any = distributed.Solo()
+        if self.world_size > 1:
+            if distributed.active_world_size() != self.world_size:
+                raise ConfigError(f"WORLD_SIZE={self.world_size} but torch.distributed is not initialised with that "
+                                  "world size; call torch.distributed.init_process_group() before trainer_shim.init()")
+            self._group = distributed.Dist(collective_timeout)
+
+    def _install_hooks(self) -> None:
         self._stop = signals.StopFlag()
         self._stop.install()
         signals.install_stack_dumps(self.rd.stacks_file(os.getpid()))
         signals.tie_forked_children()
         signals.install_excepthook(self._on_exception)
-        if optimizer is not None and hasattr(optimizer, "register_step_post_hook"):
-            optimizer.register_step_post_hook(self._on_optimizer_step)
-
-        if self._dist is None or self.rank == 0:
-            for d in self.search_dirs:
-                for t in rundir.tmp_dirs(d):  # abandoned writes of a killed attempt
-                    shutil.rmtree(t, ignore_errors=True)
-        self.git_commit, self.git_dirty = git_info(script.parent if script else None)
-
-        self.last_failure: Optional[str] = os.environ.get(rundir.ENV_LAST_FAILURE) or None
-        if self._dist is not None:
-            self._dist.barrier("startup barrier")  # rank 0 has cleaned up before anyone saves
-            self._restore_dist()
-        else:
-            self._restore()
-        self._mark.set(self.global_step)
-        # Second "starting" beat: the supervisor learns what was actually restored (after any fallback).
-        self._hb.write_now(step=self.global_step, epoch=self.epoch, loss=self.loss,
-                           resumed_from=self.resumed_from, checkpoint_step=self.checkpoint_step)
-        self._hb.start()
+        if self.optimizer is not None and hasattr(self.optimizer, "register_step_post_hook"):
+            self.optimizer.register_step_post_hook(self._on_optimizer_step)
 
     # --- paths ----------------------------------------------------------------------------------
 
@@ -287,9 +254,8 @@ class Run:
         every = self.save_every_steps
         timed = self.save_every_seconds is not None and now - self._last_save_t >= self.save_every_seconds
         stop = self._stop.requested
-        if self._dist is not None:
-            # Every rank must save, and stop, at the same step: one MAX all-reduce of both flags.
-            stop, timed = self._dist.agree(stop, timed)
+        # Every rank must save, and stop, at the same step: one MAX all-reduce of both flags.
+        stop, timed = self._group.agree(stop, timed)
         if (every and self.global_step % every == 0) or timed:
             self._save(CheckpointKind.STEP)
         if stop:
@@ -302,7 +268,7 @@ class Run:
             self._hb_last = now
             self._hb.fields.update(step=self.global_step, epoch=self.epoch, loss=self.loss, phase="training")
             self._hb.request()
-        if self._stop.requested and self._dist is None:  # multi-rank: the stop is agreed at run.step()
+        if self._stop.requested and self._group.world_size == 1:  # multi-rank: the stop is agreed at run.step()
             self._preempt()
 
     def save(self) -> Optional[Path]:
@@ -315,8 +281,7 @@ class Run:
             return
         self._save(CheckpointKind.FINAL)
         self._finished = True
-        for t in self._deleters:  # a finished run leaves no trash behind
-            t.join()
+        self._retention.join()  # a finished run leaves no trash behind
         self._hb.stop()
         self._mark.close()
         self._hb.write_now(phase=Phase.FINISHED.value, step=self.global_step, epoch=self.epoch,
@@ -337,8 +302,7 @@ class Run:
         if self.save_on_epoch_end:
             self._save(CheckpointKind.EPOCH)
         stop = self._stop.requested
-        if self._dist is not None:
-            stop, _ = self._dist.agree(stop, False)
+        stop, _ = self._group.agree(stop, False)
         if stop:
             self._preempt()
 
@@ -400,6 +364,11 @@ class Run:
                     why = "inexact (emergency)"
                 elif m.world_size != self.world_size:
                     why = f"written by {m.world_size} rank(s)"
+                elif (m.epoch, m.batch_in_epoch) != (self.epoch, self.batch_in_epoch):
+                    # A step save on an epoch's last batch, before the epoch ended: the epoch-end
+                    # save at the same step records the truth (next epoch, batch 0, RNG after the
+                    # epoch body) so manifest, index and resume all agree.
+                    why = f"written at epoch {m.epoch} batch {m.batch_in_epoch}, before the epoch ended"
             except rundir.InvalidCheckpoint as e:
                 why = f"invalid: {e.reason}"
         if why is None:
@@ -421,7 +390,7 @@ class Run:
         # Multi-rank: DDP replicas are identical, so each is written once, and by different ranks
         # (model: rank 0, optimizer: the last rank) so the two biggest members are written in
         # parallel. Sharded: every rank's shards go through DCP in the write itself.
-        single = self._dist is None
+        single = self._group.world_size == 1
         if self.model is not None and not self.sharded and (single or self.rank == 0):
             files[ckpt.MODEL_FILE] = ckpt.to_cpu(self.model.state_dict())
         if self.optimizer is not None and not self.sharded and (single or self.rank == self.world_size - 1):
@@ -439,18 +408,18 @@ class Run:
             "epoch_rng": self._epoch_rng if self.batch_in_epoch > 0 else None,
             "loader_state": stream.state_dict() if stream is not None and data.is_stateful(stream) else None,
         }
-        files[ckpt.TRAINER_FILE if self._dist is None else ckpt.rank_file(self.rank)] = ckpt.to_cpu(trainer)
+        files[ckpt.TRAINER_FILE if self._group.world_size == 1 else ckpt.rank_file(self.rank)] = ckpt.to_cpu(trainer)
         return ckpt.Snapshot(files, self.global_step, self.epoch, self.batch_in_epoch, kind, self.loss, exact,
                              sharded=self.sharded)
 
     def _save(self, kind: CheckpointKind, exact: bool = True) -> Optional[Path]:
         """Save at the current step unless it already has a checkpoint; storage failures never raise."""
-        if self._dist is not None:
+        if self._group.world_size > 1:
             return self._save_dist(kind)
         self._last_save_t = time.monotonic()
         existing = self._reusable(self.global_step, exact)
         if existing is not None:
-            self._upgrade_kind(existing, kind)
+            self._retention.upgrade_kind(existing, kind)
             return existing
         snap = self._snapshot(kind, exact)
         self._hb.fields.update(step=self.global_step, epoch=self.epoch, loss=self.loss)
@@ -468,9 +437,9 @@ class Run:
                     self._failed(root, str(e))
                     continue
                 self._last_size = nbytes
-                self.checkpoint_step = self._committed_step = self.global_step
-                self._index_add(path, manifest)
-                self._rotate()
+                self.checkpoint_step = self._retention.committed_step = self.global_step
+                self._retention.add(path, manifest)
+                self._retention.rotate()
                 return path
             return None
         finally:
@@ -479,114 +448,31 @@ class Run:
 
     def _write_shards(self, tmp: Path) -> dict[str, rundir.FileEntry]:
         """Single process: the DCP set of model and optimizer (no collectives)."""
-        files, _referenced = _sharded().save(tmp, self.model, self.optimizer, rank=0, progress=self._on_progress)
+        files, _referenced = sharded_module().save(tmp, self.model, self.optimizer, rank=0, progress=self._on_progress)
         return files
 
     def _save_dist(self, kind: CheckpointKind) -> Optional[Path]:
-        """The multi-rank commit protocol; every rank calls it at the same step.
-
-        rank 0 picks the root and creates `.tmp-step-N`; every rank writes its members there
-        (rank 0: model and rank-0.pt; the last rank: optimizer; rank R: rank-R.pt; sharded: every
-        rank its DCP shards); rank 0 gathers every rank's
-        {file: (size, digest)}, writes MANIFEST.json listing them all, renames, repoints latest
-        and broadcasts the outcome. A storage failure on any rank fails the save everywhere
-        (checkpoint_failed) and training continues; a collective timeout ends the process.
-        """
-        d = self._dist
+        """The multi-rank commit protocol (see `saving`); every rank calls it at the same step."""
         self._last_save_t = time.monotonic()
         step = self.global_step
-        decision: Any = None
-        if self.rank == 0:
-            existing = self._reusable(step, True)
-            if existing is not None:
-                self._upgrade_kind(existing, kind)
-                decision = ("exists", str(existing))
-            else:
-                decision = ("none", None)
-                name = rundir.checkpoint_name(step)
-                probe = ckpt.Snapshot({}, step, self.epoch, self.batch_in_epoch, kind, self.loss)
-                for root in self.search_dirs:
-                    if not self._ensure_space(root, probe):
-                        continue
-                    tmp = root / f"{rundir.TMP_PREFIX}{name}"
-                    try:
-                        root.mkdir(mode=rundir.RUN_DIR_MODE, parents=True, exist_ok=True)
-                        if tmp.exists():
-                            shutil.rmtree(tmp)
-                        tmp.mkdir(mode=rundir.RUN_DIR_MODE)
-                    except OSError as e:
-                        self._failed(root, f"cannot create {tmp}: {e.strerror or e}")
-                        continue
-                    decision = ("write", str(tmp))
-                    break
+        decision = saving.decide(self, kind) if self.rank == 0 else None
         snap = self._snapshot(kind, True)
         self._hb.fields.update(step=step, epoch=self.epoch, loss=self.loss)
         self._hb.begin_save()
         try:
             try:
-                d.barrier(f"checkpoint barrier at step {step}")
-                decision = d.broadcast(decision, "checkpoint decision")
-                if decision[0] == "exists":
-                    return Path(decision[1])
-                if decision[0] != "write":
-                    return None
-                tmp = Path(decision[1])
-                mine: dict[str, tuple[int, str]] = {}
-                err: Optional[str] = None
-                written = 0
-                try:
-                    for fname, obj in snap.files.items():
-                        base = written
-                        mine[fname] = ckpt.write_member(tmp, fname, obj, lambda n: self._on_progress(base + n))
-                        written += mine[fname][0]
-                except (OSError, RuntimeError) as e:
-                    err = f"rank {self.rank}: {type(e).__name__}: {e}"
-                referenced: set[str] = set()
-                if self.sharded:  # collective: every rank takes part even after its own failure
-                    try:
-                        base = written
-                        shards, referenced = d.guard("sharded checkpoint write", _sharded().save, tmp, self.model,
-                                                     self.optimizer, rank=self.rank, group=d.group,
-                                                     progress=lambda n: self._on_progress(base + n))
-                        mine.update({f: (e.size, e.xxh3_128) for f, e in shards.items()})
-                    except (OSError, CheckpointError) as e:
-                        err = err or f"rank {self.rank}: {type(e).__name__}: {e}"
-                reports = d.all_gather((mine, err), "checkpoint file reports")
-                outcome: Any = None
-                if self.rank == 0:
-                    errs = [e for _, e in reports if e]
-                    files: dict[str, tuple[int, str]] = {}
-                    for m, _ in reports:
-                        files.update(m)
-                    lost = sorted(referenced - set(files))
-                    if lost and not errs:  # DCP's metadata names shards no rank reported writing
-                        errs.append(f"shards missing from every rank's report: {', '.join(lost[:5])}")
-                    if errs:
-                        shutil.rmtree(tmp, ignore_errors=True)
-                        outcome = ("failed", "; ".join(errs))
-                    else:
-                        try:
-                            final, manifest = ckpt.commit_members(
-                                tmp.parent, tmp, snap, files, world_size=d.world_size,
-                                meta={"git_commit": self.git_commit, "git_dirty": self.git_dirty})
-                            outcome = ("ok", str(final), sum(sz for sz, _ in files.values()))
-                            self._index_add(final, manifest)
-                            self._rotate()
-                        except CheckpointError as e:
-                            outcome = ("failed", str(e))
-                    if outcome[0] == "failed":
-                        self._failed(tmp.parent, outcome[1])
-                outcome = d.broadcast(outcome, "checkpoint outcome")
+                outcome = saving.commit(self, snap, decision)
             except CollectiveTimeout as e:
                 if self.rank == 0:
                     self._failed(self.rd.checkpoints, str(e))
                 _say(f"error: {e}; exiting (the supervisor resumes from the newest complete checkpoint)")
                 raise
-            if outcome[0] != "ok":
+            if outcome.path is None or outcome.error is not None:
                 return None
-            self._last_size = outcome[2]
-            self.checkpoint_step = self._committed_step = step
-            return Path(outcome[1])
+            if outcome.committed:  # not when an existing checkpoint stands for the step
+                self._last_size = outcome.nbytes
+                self.checkpoint_step = self._retention.committed_step = step
+            return outcome.path
         finally:
             self._last_save_t = time.monotonic()
             self._hb.end_save(checkpoint_step=self.checkpoint_step)
@@ -596,9 +482,9 @@ class Run:
 
     def _failed(self, root: Path, error: str) -> None:
         _say(f"warning: checkpoint at step {self.global_step} failed in {root}: {error}; training continues")
-        self._event("checkpoint_failed", path=str(root / rundir.checkpoint_name(self.global_step)), error=error)
+        self._event(Event.CHECKPOINT_FAILED, path=str(root / rundir.checkpoint_name(self.global_step)), error=error)
 
-    def _event(self, event: str, **fields: Any) -> None:
+    def _event(self, event: Event, **fields: Any) -> None:
         try:
             rundir.append_event(self.rd, event, self.attempt, **fields)
         except OSError as e:
@@ -609,126 +495,16 @@ class Run:
         need = int(1.2 * self._last_size) + self.min_free_bytes
         if need <= 0:
             return True
-        free = self._free(root)
+        free = retention.free_bytes(root)
         if free is None or free >= need:
             return True
         name = rundir.checkpoint_name(snap.global_step)
-        self._rotate(placeholder=rotation.Entry(name, snap.global_step, snap.kind, snap.loss, snap.exact))
-        free = self._free(root)
+        self._retention.rotate(placeholder=rotation.Entry(name, snap.global_step, snap.kind, snap.loss, snap.exact))
+        free = retention.free_bytes(root)
         if free is None or free >= need:
             return True
         self._failed(root, f"no_space: need {need} bytes free, have {free}")
         return False
-
-    @staticmethod
-    def _free(root: Path) -> Optional[int]:
-        p = root
-        while not p.exists() and p != p.parent:
-            p = p.parent
-        try:
-            return shutil.disk_usage(p).free
-        except OSError:
-            return None
-
-    # --- index and rotation -------------------------------------------------------------------
-
-    def _write_index(self, idx: dict) -> None:
-        try:
-            idx = {n: e for n, e in idx.items() if isinstance(e, dict)}  # drop foreign junk
-            entries = []
-            for n, e in idx.items():
-                try:
-                    kind = CheckpointKind(e.get("kind", "step"))
-                except ValueError:
-                    kind = CheckpointKind.STEP
-                loss = e.get("loss") if isinstance(e.get("loss"), (int, float)) else None
-                entries.append(rotation.Entry(n, int(e.get("global_step") or 0), kind, loss,
-                                              kind is not CheckpointKind.EMERGENCY))
-            best = rotation.best_names(entries, self.keep_best)
-            for n in idx:
-                idx[n]["is_best"] = n in best
-            rundir.atomic_write_json(self.rd.index, idx)
-        except (OSError, TypeError, ValueError) as e:
-            # The index is bookkeeping: losing an update must never stop training.
-            _say(f"warning: cannot write {self.rd.index}: {e}")
-
-    def _index_add(self, path: Path, manifest: rundir.Manifest) -> None:
-        idx = rundir.read_index(self.rd)
-        idx[path.name] = rundir.index_entry(manifest, is_best=False, directory=path)
-        self._write_index(idx)
-
-    def _upgrade_kind(self, path: Path, kind: CheckpointKind) -> None:
-        idx = rundir.read_index(self.rd)
-        ent = idx.get(path.name)
-        if not isinstance(ent, dict):
-            try:
-                info = rundir.inspect_checkpoint(path)
-            except rundir.InvalidCheckpoint:
-                return
-            ent = idx[path.name] = rundir.index_entry(info.manifest, is_best=False, directory=path)
-        try:
-            old = CheckpointKind(ent.get("kind", "step"))
-        except ValueError:
-            old = CheckpointKind.STEP
-        if kind.rank > old.rank:
-            ent["kind"] = kind.value
-            self._write_index(idx)
-
-    def _rotate(self, placeholder: Optional[rotation.Entry] = None) -> None:
-        """Delete what the retention policy drops; a failure here is reported and ignored."""
-        try:
-            idx = rundir.read_index(self.rd)
-            found: dict[str, tuple[Path, rotation.Entry]] = {}
-            for step, path, _root in rundir.iter_checkpoint_dirs(self.search_dirs):
-                if path.name in found:
-                    continue
-                try:
-                    info = rundir.inspect_checkpoint(path)
-                except rundir.InvalidCheckpoint:
-                    continue  # not ours to judge: a damaged dir stays for inspection
-                kind = info.manifest.kind
-                try:
-                    kind = CheckpointKind(idx.get(path.name, {}).get("kind", kind.value))
-                except ValueError:
-                    pass
-                found[path.name] = (path, rotation.Entry(path.name, step, kind, info.manifest.loss,
-                                                         info.manifest.exact))
-            entries = [e for _, e in found.values()]
-            protected = set()
-            if placeholder is not None:
-                entries.append(placeholder)
-                protected.add(placeholder.name)
-            for d in self.search_dirs:
-                try:
-                    protected.add(os.path.basename(os.readlink(d / rundir.LATEST)))
-                except OSError:
-                    pass
-            if self._resumed_step is not None and (self._committed_step is None
-                                                   or self._committed_step <= self._resumed_step):
-                protected.add(rundir.checkpoint_name(self._resumed_step))
-            doomed = rotation.to_delete(entries, keep_last=self.keep_last, keep_epochs=self.keep_epochs,
-                                        keep_best=self.keep_best, protected=protected)
-            for name in doomed:
-                if name not in found:
-                    continue
-                path = found[name][0]
-                # Rename first: a half-deleted dir must never look like a committed checkpoint.
-                trash = path.parent / f"{rundir.TMP_PREFIX}deleting-{name}"
-                os.rename(path, trash)
-                if placeholder is not None:  # making room: the space must be free now
-                    shutil.rmtree(trash, ignore_errors=True)
-                else:  # unlinking GBs costs tens of ms; the renamed dir is already invisible
-                    t = threading.Thread(target=shutil.rmtree, args=(trash, True), daemon=True,
-                                         name="trainer_shim-rotate")
-                    t.start()
-                    self._deleters.append(t)
-                idx.pop(name, None)
-            if doomed:
-                for n in [n for n, e in idx.items() if not Path(e.get("dir", "")).is_dir()]:
-                    idx.pop(n)
-                self._write_index(idx)
-        except OSError as e:
-            _say(f"warning: checkpoint rotation failed: {e}")
 
     # --- stopping and crashing ----------------------------------------------------------------
 
@@ -740,22 +516,21 @@ class Run:
                            loss=self.loss, checkpoint_step=self.checkpoint_step)
         _say(f"stop requested (signal {self._stop.signum}); checkpoint at step {self.global_step}; "
              f"exiting {rundir.EXIT_PREEMPTED}")
-        if self._dist is not None:
-            self._dist.destroy()
+        self._group.destroy()
         sys.exit(rundir.EXIT_PREEMPTED)
 
     def _on_exception(self, tp: type, value: BaseException, tb: Optional[TracebackType]) -> None:
-        rec = {"type": signals.qualified_name(tp), "message": str(value),
-               "traceback": "".join(traceback.format_exception(tp, value, tb)),
-               "step": self.global_step, "time": rundir.now_iso()}
-        efile = self.rd.error_file(self.attempt, self.rank if self._dist is not None else 0)
+        rec = rundir.ErrorRecord(type=signals.qualified_name(tp), message=str(value),
+                                 traceback="".join(traceback.format_exception(tp, value, tb)),
+                                 step=self.global_step, time=rundir.now_iso())
+        efile = self.rd.error_file(self.attempt, self.rank if self._group.world_size > 1 else 0)
         try:
-            rundir.atomic_write_json(efile, rec)
+            rundir.atomic_write_json(efile, rec.to_json())
         except OSError as e:
             _say(f"warning: cannot write {efile}: {e}")
         if self._finished:
             return
-        if self._dist is not None:
+        if self._group.world_size > 1:
             # The other ranks are not in this save's collectives: an emergency checkpoint cannot commit.
             _say("no emergency checkpoint: multi-rank runs save only at steps all ranks agree on")
             return
@@ -771,240 +546,7 @@ class Run:
             if path is not None:
                 _say(f"emergency checkpoint (inexact, not auto-resumed) at {path}")
 
-    # --- restoring ----------------------------------------------------------------------------
-
-    def _reject(self, path: Path, reason: str) -> None:
-        self._rejected_paths.add(os.path.realpath(path))
-        _say(f"warning: rejected checkpoint {path}: {reason}")
-        self._event("checkpoint_rejected", path=str(path), reason=reason)
-
-    def _restore(self) -> None:
-        """Load the requested or newest valid checkpoint, falling back to older ones on rejection."""
-        requested = self.env.resume_from
-        if requested == rundir.RESUME_NONE:
-            _say(f"starting fresh in {self.rd.root} (supervisor: no valid checkpoint)")
-            return
-        below: Optional[int] = None
-        if requested:
-            path = Path(requested)
-            try:
-                self._apply(path)
-                return
-            except WorldSizeMismatch as e:
-                self._world_size_refused(path, e)
-            except CheckpointError as e:
-                self._reject(path, str(e))
-                below = rundir.parse_checkpoint_name(path.name)
-        while True:
-            info = rundir.newest_valid(self.search_dirs, allow_inexact=self.resume_emergency,
-                                       below_step=below, on_reject=self._reject)
-            if info is None:
-                _say(f"starting fresh in {self.rd.root}")
-                return
-            try:
-                self._apply(info.path)
-                return
-            except WorldSizeMismatch as e:
-                self._world_size_refused(info.path, e)
-            except CheckpointError as e:
-                self._reject(info.path, str(e))
-                below = info.step
-
-    def _world_size_refused(self, path: Path, e: Exception) -> None:
-        msg = f"cannot resume from {path}: {e}"
-        _say(f"error: {msg}")
-        if self.rank == 0:
-            self._event("checkpoint_rejected", path=str(path), reason=str(e))
-        if self._dist is not None:
-            self._dist.destroy()
-        raise SystemExit(2)  # a configuration problem: retrying cannot help
-
-    def _restore_dist(self) -> None:
-        """rank 0 chooses (the supervisor's pick, else the newest valid), broadcasts, every rank loads it;
-        a checkpoint any rank cannot apply is rejected and the next older one tried, on all ranks."""
-        d = self._dist
-        requested = self.env.resume_from
-        if requested == rundir.RESUME_NONE:
-            if self.rank == 0:
-                _say(f"starting fresh in {self.rd.root} (supervisor: no valid checkpoint)")
-            return
-        below: Optional[int] = None
-        first = True
-        while True:
-            cand: Optional[str] = None
-            if self.rank == 0:
-                if first and requested:
-                    cand = requested
-                else:
-                    info = rundir.newest_valid(self.search_dirs, below_step=below, on_reject=self._reject)
-                    cand = str(info.path) if info else None
-            first = False
-            cand = d.broadcast(cand, "checkpoint choice")
-            if cand is None:
-                if self.rank == 0:
-                    _say(f"starting fresh in {self.rd.root}")
-                return
-            err = self._verify_share(Path(cand))
-            errs = [(r, e) for r, e in enumerate(d.all_gather(err, "checkpoint verification")) if e]
-            if not errs:
-                try:
-                    self._apply(Path(cand), verify=False)
-                except WorldSizeMismatch as e:
-                    self._world_size_refused(Path(cand), e)
-                except CheckpointError as e:
-                    err = str(e)
-                errs = [(r, e) for r, e in enumerate(d.all_gather(err, "restore outcome")) if e]
-            if not errs:
-                return
-            if self.rank == 0:
-                self._reject(Path(cand), "; ".join(f"rank {r}: {e}" for r, e in errs))
-            self.resumed_from = None
-            below = rundir.parse_checkpoint_name(Path(cand).name)
-
-    def _verify_share(self, path: Path) -> Optional[str]:
-        """Hash this rank's share of a multi-rank checkpoint's files (ranks split the work by size)."""
-        def share(files: dict[str, rundir.FileEntry]) -> list[str]:
-            load = [0] * self.world_size
-            picked: list[str] = []
-            for name in sorted(files, key=lambda n: (-files[n].size, n)):  # greedy: biggest to least loaded
-                r = min(range(self.world_size), key=lambda i: (load[i], i))
-                load[r] += files[name].size
-                if r == self.rank:
-                    picked.append(name)
-            return picked
-
-        try:
-            rundir.inspect_checkpoint(path, full=True, digest_only=share)
-        except rundir.InvalidCheckpoint as e:
-            return e.reason
-        return None
-
-    def _refuse_world_size(self, m: rundir.Manifest) -> None:
-        was, now = m.world_size, self.world_size
-        if not m.sharded:
-            raise WorldSizeMismatch(f"it was written by {was} rank(s), this run has {now}; only sharded (DCP) "
-                                    f"checkpoints can be resharded: run with {was} rank(s)")
-        if not self.allow_reshard:
-            raise WorldSizeMismatch(
-                f"it was written by {was} rank(s), this run has {now}; its model and optimizer would reshard "
-                f"exactly, but data order and per-rank RNG cannot continue a {was}-rank run bit-exactly: run "
-                f"with {was} rank(s), or set {rundir.ENV_ALLOW_RESHARD}=1 to resume at {now}")
-
-    def _apply(self, path: Path, verify: bool = True) -> None:
-        try:
-            head = rundir.inspect_checkpoint(path)
-        except rundir.InvalidCheckpoint as e:
-            raise CheckpointError(e.reason) from e
-        hm = head.manifest
-        reshard = hm.world_size != self.world_size
-        if reshard:
-            self._refuse_world_size(hm)
-        if ckpt.TRAINER_FILE in hm.files:  # written by one process
-            mine = ckpt.TRAINER_FILE
-        else:  # per-rank state; a rank the old world did not have continues from rank 0's
-            mine = ckpt.rank_file(self.rank if self.rank < hm.world_size else 0)
-        names = [mine] if hm.sharded else [ckpt.MODEL_FILE, ckpt.OPTIMIZER_FILE, mine]
-        info, files = ckpt.read_checkpoint(path, names=names, verify=verify)
-        tr = files.get(mine)
-        m = info.manifest
-        if not isinstance(tr, dict) or "rng" not in tr:
-            raise CheckpointError(f"{mine} lacks trainer state")
-        if m.sharded:
-            if self.model is None:
-                raise CheckpointError("a sharded checkpoint needs init(model=...) to load into")
-            group = self._dist.group if self._dist is not None else None
-            load = self._dist.guard if self._dist is not None else (lambda _what, fn, *a, **k: fn(*a, **k))
-            load("sharded checkpoint load", _sharded().load, path, self.model, self.optimizer, group=group)
-            self._dirty = False  # DCP initialises a fresh optimizer's state with a zero-lr step
-        elif self.model is not None:
-            if ckpt.MODEL_FILE not in files:
-                raise CheckpointError(f"{ckpt.MODEL_FILE} missing")
-            self.model.load_state_dict(files[ckpt.MODEL_FILE])
-        if self.optimizer is not None and ckpt.OPTIMIZER_FILE in files:
-            self.optimizer.load_state_dict(files[ckpt.OPTIMIZER_FILE])
-        if self.scheduler is not None and tr.get("scheduler") is not None:
-            self.scheduler.load_state_dict(tr["scheduler"])
-        if self.scaler is not None and tr.get("scaler") is not None:
-            self.scaler.load_state_dict(tr["scaler"])
-        for k, obj in self.extra.items():
-            if obj is not None and k in (tr.get("extra") or {}):
-                obj.load_state_dict(tr["extra"][k])
-        self.state.clear()
-        self.state.update(tr.get("state") or {})
-        # Resharded: each rank's share of an epoch changes with the world size; resume at the
-        # same fraction of the epoch (the global sample count) in the new world's batches.
-        k = m.batch_in_epoch * m.world_size // self.world_size if reshard else m.batch_in_epoch
-        self.global_step, self.epoch, self.batch_in_epoch = m.global_step, m.epoch, k
-        self.loss = tr.get("loss", m.loss)
-        if self.rank >= m.world_size:  # a rank the old world lacked starts from rank 0's RNGs: make them its own
-            tr = {**tr, "rng": rng.derive(tr["rng"], self.rank),
-                  "epoch_rng": rng.derive(tr["epoch_rng"], self.rank) if tr.get("epoch_rng") else None}
-        rng.restore(tr["rng"])
-        if k > 0 or tr.get("loader_state") is not None:
-            self._resume_stream = {"epoch": m.epoch, "batch_in_epoch": k,
-                                   "epoch_rng": tr.get("epoch_rng"), "step_rng": tr["rng"],
-                                   "loader_state": tr.get("loader_state")}
-        self.resumed_from = str(info.path)
-        self._resumed_step = self.checkpoint_step = m.global_step
-        self._last_size = sum(f.size for f in m.files.values())
-        _say(f"resumed from {info.path} (step {m.global_step}, epoch {m.epoch}, batch {k})"
-             + ("" if m.exact else " [inexact emergency checkpoint]")
-             + (f" [resharded from {m.world_size} to {self.world_size} rank(s): not bit-exact]" if reshard else ""))
-        if reshard and self.rank == 0:
-            self._event("checkpoint_resharded", path=str(info.path), from_world_size=m.world_size,
-                        to_world_size=self.world_size, batch_in_epoch=k)
-        if m.git_commit and self.git_commit and m.git_commit != self.git_commit:
-            _say(f"warning: checkpoint was written at git commit {m.git_commit[:12]}, "
-                 f"the script is now at {self.git_commit[:12]}")
-
 
 def init(**kwargs: Any) -> Run:
     """Create the Run: first heartbeat, then restore the requested or newest valid checkpoint."""
     return Run(**kwargs)
-
-
-@dataclasses.dataclass
-class LoadResult:
-    """What `load()` found: the checkpoint, its manifest, and the model state dict."""
-
-    path: Path
-    manifest: rundir.Manifest
-    model_state: dict
-    missing_keys: list[str]
-    unexpected_keys: list[str]
-
-
-def load(path_or_run_dir: os.PathLike | str, model: Any = None, *, optimizer: Any = None,
-         map_location: Any = "cpu", strict: bool = True) -> LoadResult:
-    """Verify and safely load a checkpoint (a checkpoint dir, a checkpoints dir or a run dir) into `model`."""
-    p = Path(path_or_run_dir)
-    if not (p / rundir.MANIFEST_NAME).exists():
-        roots = [p / rundir.CHECKPOINTS] if (p / rundir.CHECKPOINTS).is_dir() else [p]
-        info = rundir.newest_valid(roots)
-        if info is None:
-            raise CheckpointError(f"no valid checkpoint under {p}")
-        p = info.path
-    try:
-        sharded = rundir.inspect_checkpoint(p).manifest.sharded
-    except rundir.InvalidCheckpoint as e:
-        raise CheckpointError(e.reason) from e
-    if sharded:  # a DCP set: load it in this one process (resharded to full tensors)
-        info, _ = ckpt.read_checkpoint(p, names=[])
-        if model is not None and (optimizer is not None or strict):
-            _sharded().load(info.path, model, optimizer)
-            return LoadResult(info.path, info.manifest, model.state_dict(), [], [])
-        sd = _sharded().full_model_state(info.path)
-        files: dict[str, Any] = {}
-    else:
-        info, files = ckpt.read_checkpoint(p, model_only=optimizer is None)
-        sd = files[ckpt.MODEL_FILE]
-    if map_location not in (None, "cpu", torch.device("cpu")):
-        sd = {k: v.to(map_location) if isinstance(v, torch.Tensor) else v for k, v in sd.items()}
-    missing: list[str] = []
-    unexpected: list[str] = []
-    if model is not None:
-        res = model.load_state_dict(sd, strict=strict)
-        missing, unexpected = list(res.missing_keys), list(res.unexpected_keys)
-    if optimizer is not None and ckpt.OPTIMIZER_FILE in files:
-        optimizer.load_state_dict(files[ckpt.OPTIMIZER_FILE])
-    return LoadResult(info.path, info.manifest, sd, missing, unexpected)

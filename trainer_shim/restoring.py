@@ -1,0 +1,193 @@
+"""Restore: ONE loop for 1..N ranks that picks, verifies and applies a checkpoint, falling back on rejection.
+
+rank 0 chooses (the supervisor's pick, else the newest valid), the group agrees on it, every rank
+loads it; a checkpoint any rank cannot apply is rejected and the next older one tried, on all
+ranks. In a world of one the group's collectives are identities. These functions are the Run's
+restore half: they read its configuration and set its position (step, epoch, batch, RNG, state).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Optional
+
+from . import checkpoint as ckpt
+from . import rng, rundir
+from .errors import CheckpointError, WorldSizeMismatch
+from .loading import sharded_module
+from .rundir import Event
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .run import Run
+
+__all__ = ["restore", "reject"]
+
+
+def _say(msg: str) -> None:
+    print(f"trainer_shim: {msg}", file=sys.stderr, flush=True)
+
+
+def reject(run: Run, path: Path, reason: str) -> None:
+    """Record that this process refused `path` (a later save at its step must not reuse it)."""
+    run._rejected_paths.add(os.path.realpath(path))
+    _say(f"warning: rejected checkpoint {path}: {reason}")
+    run._event(Event.CHECKPOINT_REJECTED, path=str(path), reason=reason)
+
+
+def _choose(run: Run, requested: Optional[str], below: Optional[int]) -> Optional[str]:
+    """rank 0's candidate: the supervisor's pick first, then the newest valid below `below`."""
+    if run.rank != 0:
+        return None
+    if requested:
+        return requested
+    info = rundir.newest_valid(run.search_dirs, allow_inexact=run.resume_emergency, below_step=below,
+                               on_reject=lambda p, r: reject(run, p, r))
+    return str(info.path) if info else None
+
+
+def restore(run: Run) -> None:
+    """Load the requested or newest valid checkpoint on every rank, falling back to older ones."""
+    group = run._group
+    requested = run.env.resume_from
+    if requested == rundir.RESUME_NONE:
+        if run.rank == 0:
+            _say(f"starting fresh in {run.rd.root} (supervisor: no valid checkpoint)")
+        return
+    below: Optional[int] = None
+    while True:
+        cand = group.broadcast(_choose(run, requested, below), "checkpoint choice")
+        requested = None
+        if cand is None:
+            if run.rank == 0:
+                _say(f"starting fresh in {run.rd.root}")
+            return
+        path = Path(cand)
+        # Many ranks split the hashing of the files; one process verifies what it reads.
+        alone = group.world_size == 1
+        err = None if alone else _verify_share(run, path)
+        errs = [(r, e) for r, e in enumerate(group.all_gather(err, "checkpoint verification")) if e]
+        if not errs:
+            try:
+                _apply(run, path, verify=alone)
+            except WorldSizeMismatch as e:
+                _world_size_refused(run, path, e)
+            except CheckpointError as e:
+                err = str(e)
+            errs = [(r, e) for r, e in enumerate(group.all_gather(err, "restore outcome")) if e]
+        if not errs:
+            return
+        if run.rank == 0:
+            reject(run, path, "; ".join(e if alone else f"rank {r}: {e}" for r, e in errs))
+        run.resumed_from = None
+        below = rundir.parse_checkpoint_name(path.name)
+
+
+def _world_size_refused(run: Run, path: Path, e: Exception) -> None:
+    _say(f"error: cannot resume from {path}: {e}")
+    if run.rank == 0:
+        run._event(Event.CHECKPOINT_REJECTED, path=str(path), reason=str(e))
+    run._group.destroy()
+    raise SystemExit(2)  # a configuration problem: retrying cannot help
+
+
+def _verify_share(run: Run, path: Path) -> Optional[str]:
+    """Hash this rank's share of a multi-rank checkpoint's files (ranks split the work by size)."""
+    def share(files: dict[str, rundir.FileEntry]) -> list[str]:
+        load = [0] * run.world_size
+        picked: list[str] = []
+        for name in sorted(files, key=lambda n: (-files[n].size, n)):  # greedy: biggest to least loaded
+            r = min(range(run.world_size), key=lambda i: (load[i], i))
+            load[r] += files[name].size
+            if r == run.rank:
+                picked.append(name)
+        return picked
+
+    try:
+        rundir.inspect_checkpoint(path, full=True, digest_only=share)
+    except rundir.InvalidCheckpoint as e:
+        return e.reason
+    return None
+
+
+def _refuse_world_size(run: Run, m: rundir.Manifest) -> None:
+    was, now = m.world_size, run.world_size
+    if not m.sharded:
+        raise WorldSizeMismatch(f"it was written by {was} rank(s), this run has {now}; only sharded (DCP) "
+                                f"checkpoints can be resharded: run with {was} rank(s)")
+    if not run.allow_reshard:
+        raise WorldSizeMismatch(
+            f"it was written by {was} rank(s), this run has {now}; its model and optimizer would reshard "
+            f"exactly, but data order and per-rank RNG cannot continue a {was}-rank run bit-exactly: run "
+            f"with {was} rank(s), or set {rundir.ENV_ALLOW_RESHARD}=1 to resume at {now}")
+
+
+def _load_members(run: Run, path: Path, verify: bool) -> tuple[rundir.CheckpointInfo, dict, bool]:
+    """Read (and verify) this rank's members and load model, optimizer, scheduler, scaler, extras."""
+    try:
+        hm = rundir.inspect_checkpoint(path).manifest
+    except rundir.InvalidCheckpoint as e:
+        raise CheckpointError(e.reason) from e
+    reshard = hm.world_size != run.world_size
+    if reshard:
+        _refuse_world_size(run, hm)
+    if ckpt.TRAINER_FILE in hm.files:  # written by one process
+        mine = ckpt.TRAINER_FILE
+    else:  # per-rank state; a rank the old world did not have continues from rank 0's
+        mine = ckpt.rank_file(run.rank if run.rank < hm.world_size else 0)
+    names = [mine] if hm.sharded else [ckpt.MODEL_FILE, ckpt.OPTIMIZER_FILE, mine]
+    info, files = ckpt.read_checkpoint(path, names=names, verify=verify)
+    tr = files.get(mine)
+    if not isinstance(tr, dict) or "rng" not in tr:
+        raise CheckpointError(f"{mine} lacks trainer state")
+    if info.manifest.sharded:
+        if run.model is None:
+            raise CheckpointError("a sharded checkpoint needs init(model=...) to load into")
+        run._group.guard("sharded checkpoint load", sharded_module().load, path, run.model, run.optimizer,
+                         group=run._group.group)
+        run._dirty = False  # DCP initialises a fresh optimizer's state with a zero-lr step
+    elif run.model is not None:
+        if ckpt.MODEL_FILE not in files:
+            raise CheckpointError(f"{ckpt.MODEL_FILE} missing")
+        run.model.load_state_dict(files[ckpt.MODEL_FILE])
+    if run.optimizer is not None and ckpt.OPTIMIZER_FILE in files:
+        run.optimizer.load_state_dict(files[ckpt.OPTIMIZER_FILE])
+    for obj, key in ((run.scheduler, "scheduler"), (run.scaler, "scaler")):
+        if obj is not None and tr.get(key) is not None:
+            obj.load_state_dict(tr[key])
+    for k, obj in run.extra.items():
+        if obj is not None and k in (tr.get("extra") or {}):
+            obj.load_state_dict(tr["extra"][k])
+    return info, tr, reshard
+
+
+def _apply(run: Run, path: Path, verify: bool) -> None:
+    info, tr, reshard = _load_members(run, path, verify)
+    m = info.manifest
+    run.state.clear()
+    run.state.update(tr.get("state") or {})
+    # Resharded: each rank's share of an epoch changes with the world size; resume at the
+    # same fraction of the epoch (the global sample count) in the new world's batches.
+    k = m.batch_in_epoch * m.world_size // run.world_size if reshard else m.batch_in_epoch
+    run.global_step, run.epoch, run.batch_in_epoch = m.global_step, m.epoch, k
+    run.loss = tr.get("loss", m.loss)
+    if run.rank >= m.world_size:  # a rank the old world lacked starts from rank 0's RNGs: make them its own
+        tr = {**tr, "rng": rng.derive(tr["rng"], run.rank),
+              "epoch_rng": rng.derive(tr["epoch_rng"], run.rank) if tr.get("epoch_rng") else None}
+    rng.restore(tr["rng"])
+    if k > 0 or tr.get("loader_state") is not None:
+        run._resume_stream = {"epoch": m.epoch, "batch_in_epoch": k, "epoch_rng": tr.get("epoch_rng"),
+                              "step_rng": tr["rng"], "loader_state": tr.get("loader_state")}
+    run.resumed_from = str(info.path)
+    run._retention.resumed_step = run.checkpoint_step = m.global_step
+    run._last_size = sum(f.size for f in m.files.values())
+    _say(f"resumed from {info.path} (step {m.global_step}, epoch {m.epoch}, batch {k})"
+         + ("" if m.exact else " [inexact emergency checkpoint]")
+         + (f" [resharded from {m.world_size} to {run.world_size} rank(s): not bit-exact]" if reshard else ""))
+    if reshard and run.rank == 0:
+        run._event(Event.CHECKPOINT_RESHARDED, path=str(info.path), from_world_size=m.world_size,
+                   to_world_size=run.world_size, batch_in_epoch=k)
+    if m.git_commit and run.git_commit and m.git_commit != run.git_commit:
+        _say(f"warning: checkpoint was written at git commit {m.git_commit[:12]}, "
+             f"the script is now at {run.git_commit[:12]}")

@@ -1,0 +1,145 @@
+"""The multi-rank commit protocol, with typed decisions and outcomes instead of tuples.
+
+rank 0 picks the root and creates `.tmp-step-N` (`decide`); every rank writes its members there
+(rank 0: model and rank-0.pt; the last rank: optimizer; rank R: rank-R.pt; sharded: every rank
+its DCP shards); rank 0 gathers every rank's {file: (size, digest)}, writes MANIFEST.json listing
+them all, renames, repoints latest and broadcasts the outcome (`commit`). A storage failure on any
+rank fails the save everywhere (checkpoint_failed) and training continues; a collective timeout
+(CollectiveTimeout) ends the process.
+
+Decisions and outcomes travel through the group's broadcast (pickled): plain frozen dataclasses.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Optional
+
+from . import checkpoint as ckpt
+from . import rundir
+from .errors import CheckpointError
+from .loading import sharded_module
+from .rundir import CheckpointKind
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .run import Run
+
+__all__ = ["Action", "Decision", "Outcome", "decide", "commit"]
+
+
+class Action(str, enum.Enum):
+    EXISTS = "exists"  # a committed checkpoint already stands for this step: keep it
+    WRITE = "write"    # write into the temporary dir `path`
+    NONE = "none"      # no root can take it (no space, cannot create): the save fails
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    action: Action
+    path: Optional[Path] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """The checkpoint that stands for the step (`committed` if this save wrote it), or the error."""
+
+    path: Optional[Path] = None
+    committed: bool = False
+    nbytes: int = 0
+    error: Optional[str] = None
+
+
+def decide(run: Run, kind: CheckpointKind) -> Decision:
+    """rank 0: keep an existing checkpoint at the step, or create the temporary dir in the first root that can."""
+    step = run.global_step
+    existing = run._reusable(step, True)
+    if existing is not None:
+        run._retention.upgrade_kind(existing, kind)
+        return Decision(Action.EXISTS, existing)
+    name = rundir.checkpoint_name(step)
+    probe = ckpt.Snapshot({}, step, run.epoch, run.batch_in_epoch, kind, run.loss)
+    for root in run.search_dirs:
+        if not run._ensure_space(root, probe):
+            continue
+        tmp = root / f"{rundir.TMP_PREFIX}{name}"
+        try:
+            root.mkdir(mode=rundir.RUN_DIR_MODE, parents=True, exist_ok=True)
+            if tmp.exists():
+                shutil.rmtree(tmp)
+            tmp.mkdir(mode=rundir.RUN_DIR_MODE)
+        except OSError as e:
+            run._failed(root, f"cannot create {tmp}: {e.strerror or e}")
+            continue
+        return Decision(Action.WRITE, tmp)
+    return Decision(Action.NONE)
+
+
+def _write_mine(run: Run, tmp: Path, snap: ckpt.Snapshot) -> tuple[dict, Optional[str], set[str]]:
+    """This rank's members (and DCP shards): ({file: (size, digest)}, error, files DCP's metadata names)."""
+    mine: dict[str, tuple[int, str]] = {}
+    err: Optional[str] = None
+    written = 0
+    try:
+        for fname, obj in snap.files.items():
+            base = written
+            mine[fname] = ckpt.write_member(tmp, fname, obj, lambda n: run._on_progress(base + n))
+            written += mine[fname][0]
+    except (OSError, RuntimeError) as e:
+        err = f"rank {run.rank}: {type(e).__name__}: {e}"
+    referenced: set[str] = set()
+    if run.sharded:  # collective: every rank takes part even after its own failure
+        try:
+            base = written
+            shards, referenced = run._group.guard(
+                "sharded checkpoint write", sharded_module().save, tmp, run.model, run.optimizer, rank=run.rank,
+                group=run._group.group, progress=lambda n: run._on_progress(base + n))
+            mine.update({f: (e.size, e.xxh3_128) for f, e in shards.items()})
+        except (OSError, CheckpointError) as e:
+            err = err or f"rank {run.rank}: {type(e).__name__}: {e}"
+    return mine, err, referenced
+
+
+def _finish(run: Run, tmp: Path, snap: ckpt.Snapshot, reports: list, referenced: set[str]) -> Outcome:
+    """rank 0: commit what every rank reported, or discard the temporary dir."""
+    errs = [e for _, e in reports if e]
+    files: dict[str, tuple[int, str]] = {}
+    for m, _ in reports:
+        files.update(m)
+    lost = sorted(referenced - set(files))
+    if lost and not errs:  # DCP's metadata names shards no rank reported writing
+        errs.append(f"shards missing from every rank's report: {', '.join(lost[:5])}")
+    if errs:
+        shutil.rmtree(tmp, ignore_errors=True)
+        outcome = Outcome(error="; ".join(errs))
+    else:
+        try:
+            final, manifest = ckpt.commit_members(
+                tmp.parent, tmp, snap, files, world_size=run._group.world_size,
+                meta={"git_commit": run.git_commit, "git_dirty": run.git_dirty})
+            outcome = Outcome(final, committed=True, nbytes=sum(sz for sz, _ in files.values()))
+            run._retention.add(final, manifest)
+            run._retention.rotate()
+        except CheckpointError as e:
+            outcome = Outcome(error=str(e))
+    if outcome.error is not None:
+        run._failed(tmp.parent, outcome.error)
+    return outcome
+
+
+def commit(run: Run, snap: ckpt.Snapshot, decision: Optional[Decision]) -> Outcome:
+    """Every rank: agree on rank 0's decision, write this rank's share, and learn the outcome."""
+    group = run._group
+    group.barrier(f"checkpoint barrier at step {snap.global_step}")
+    decision = group.broadcast(decision, "checkpoint decision")
+    if decision.action is Action.EXISTS:
+        return Outcome(decision.path)
+    if decision.action is not Action.WRITE:
+        return Outcome(error="no checkpoint root can take it")
+    tmp = decision.path
+    mine, err, referenced = _write_mine(run, tmp, snap)
+    reports = group.all_gather((mine, err), "checkpoint file reports")
+    outcome = _finish(run, tmp, snap, reports, referenced) if run.rank == 0 else None
+    return group.broadcast(outcome, "checkpoint outcome")
