@@ -7,13 +7,14 @@ have to clone CPU tensors in `snapshot()` first.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import json
 import os
 import shutil
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Optional
 
@@ -83,24 +84,6 @@ class Snapshot:
     loss: Optional[float]
     exact: bool = True
     sharded: bool = False  # model/optimizer go through DCP (sharded.save), not into `files`
-
-    def tensor_bytes(self) -> int:
-        """Rough payload size (tensor bytes), used to estimate free space needs."""
-        total = 0
-
-        def walk(o: Any) -> None:
-            nonlocal total
-            if isinstance(o, torch.Tensor):
-                total += o.numel() * o.element_size()
-            elif isinstance(o, dict):
-                for v in o.values():
-                    walk(v)
-            elif isinstance(o, (list, tuple)):
-                for v in o:
-                    walk(v)
-
-        walk(self.files)
-        return total
 
 
 def to_cpu(obj: Any) -> Any:
@@ -185,7 +168,7 @@ def write_checkpoint(
     if final.exists():
         raise CheckpointError(f"{final} already exists")
     written = 0
-    try:
+    with _discarding(tmp, "write"):
         rd_ckpts.mkdir(mode=rundir.RUN_DIR_MODE, parents=True, exist_ok=True)
         if tmp.exists():
             shutil.rmtree(tmp)
@@ -201,12 +184,19 @@ def write_checkpoint(
                 written += ent.size
         manifest = _manifest(snap, entries, meta)
         _commit(tmp, final, manifest)
+    return final, manifest, written
+
+
+@contextlib.contextmanager
+def _discarding(tmp: Path, verb: str) -> Iterator[None]:
+    """A failed write or commit leaves no temporary dir; storage errors become CheckpointError."""
+    try:
+        yield
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(e, OSError):
-            raise CheckpointError(f"cannot write {tmp}: {_describe(e)}") from e
+            raise CheckpointError(f"cannot {verb} {tmp}: {_describe(e)}") from e
         raise
-    return final, manifest, written
 
 
 def _manifest(snap: Snapshot, files: dict[str, FileEntry], meta: dict[str, Any], world_size: int = 1) -> Manifest:
@@ -275,7 +265,7 @@ def commit_members(ckpt_root: Path, tmp: Path, snap: Snapshot, files: dict[str, 
     rd_ckpts = Path(ckpt_root)
     name = rundir.checkpoint_name(snap.global_step)
     final = rd_ckpts / name
-    try:
+    with _discarding(tmp, "commit"):
         if final.exists():
             raise CheckpointError(f"{final} already exists")
         for fname, (size, _d) in files.items():
@@ -284,11 +274,6 @@ def commit_members(ckpt_root: Path, tmp: Path, snap: Snapshot, files: dict[str, 
         entries = {f: FileEntry(size, dig) for f, (size, dig) in sorted(files.items())}
         manifest = _manifest(snap, entries, meta, world_size)
         _commit(tmp, final, manifest)
-    except BaseException as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(e, OSError):
-            raise CheckpointError(f"cannot commit {tmp}: {_describe(e)}") from e
-        raise
     return final, manifest
 
 
