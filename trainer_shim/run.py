@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 
 from . import checkpoint as ckpt
-from . import data, distributed, restoring, retention, rng, rotation, rundir, saving, signals
+from . import cursor, data, distributed, restoring, retention, rng, rundir, saving, signals
 from .errors import CheckpointError, CollectiveTimeout, ConfigError
 from .heartbeat import Heartbeat
 from .loading import LoadResult, load, sharded_module
@@ -144,7 +144,6 @@ class Run:
         self._hb_last = -math.inf
         self._last_save_t = time.monotonic()
         self._last_size = 0               # bytes of the last checkpoint (free-space check)
-        self._warned_workers = False
         self._finished = False
 
     def _join_world(self, collective_timeout: float) -> None:
@@ -211,7 +210,7 @@ class Run:
         self._resume_stream = None
         if resume is not None and resume["epoch"] == self.epoch and (
                 resume["batch_in_epoch"] > 0 or (resume.get("loader_state") is not None and data.is_stateful(loader))):
-            it = self._resumed_iter(loader, resume)
+            it, self._epoch_rng = cursor.resumed_iter(loader, resume)
             self._yielded = resume["batch_in_epoch"]
         else:
             self._epoch_rng = rng.capture(data.loader_generator(loader))
@@ -306,127 +305,26 @@ class Run:
         if stop:
             self._preempt()
 
-    def _resumed_iter(self, loader: Any, resume: dict) -> Iterator:
-        """The iterator of a mid-epoch resume; leaves the RNG exactly as after the checkpointed step."""
-        k = resume["batch_in_epoch"]
-        gen = data.loader_generator(loader)
-        epoch_rng = resume.get("epoch_rng")
-        self._epoch_rng = epoch_rng if k > 0 else rng.capture(gen)
-        if epoch_rng is not None and k > 0:
-            rng.restore(epoch_rng, gen)  # the iterator's own draws must see the epoch-start state
-        if data.is_stateful(loader) and resume.get("loader_state") is not None:
-            # A stateful loader knows its own position (and its own shuffling state) at any k.
-            loader.load_state_dict(resume["loader_state"])
-            it = iter(loader)
-        elif data.can_skip_by_index(loader):
-            if loader.num_workers > 0 and not self._warned_workers:
-                self._warned_workers = True
-                _say(f"warning: mid-epoch resume with num_workers={loader.num_workers}: batches are "
-                     "identical for a deterministic __getitem__, but worker-side randomness may differ "
-                     "(workers are assigned round-robin from the resume point)")
-            new, skip = data.resumed_loader(loader, k)
-            it = iter(new)
-            skip.prime()  # single-process loaders draw the sampler seed lazily: do it now
-        else:
-            it = data.skip_plain(loader, k)
-        if k > 0:  # at k == 0 the iterator's draws are exactly what the interrupted run did next
-            rng.restore(resume["step_rng"])
-        return it
-
     # --- saving -------------------------------------------------------------------------------
 
     def _on_optimizer_step(self, *args: Any, **kwargs: Any) -> None:
         self._dirty = True
-
-    def _existing(self, step: int) -> Optional[Path]:
-        name = rundir.checkpoint_name(step)
-        for d in self.search_dirs:
-            if (d / name).is_dir():
-                return d / name
-        return None
-
-    def _reusable(self, step: int, exact: bool) -> Optional[Path]:
-        """The committed checkpoint at `step` that a save there may keep instead of writing, if any.
-
-        One that must not stand for this run's state at the step is moved out of the way: an
-        emergency one when an exact save comes (it was kept only for inspection), one this process
-        rejected (a bit flip the size check cannot see) or that fails the size check, and one
-        another world size wrote (before a reshard: a different timeline).
-        """
-        existing = self._existing(step)
-        if existing is None:
-            return None
-        why = "rejected at resume" if os.path.realpath(existing) in self._rejected_paths else None
-        if why is None:
-            try:
-                m = rundir.inspect_checkpoint(existing).manifest
-                if exact and not m.exact:
-                    why = "inexact (emergency)"
-                elif m.world_size != self.world_size:
-                    why = f"written by {m.world_size} rank(s)"
-                elif (m.epoch, m.batch_in_epoch) != (self.epoch, self.batch_in_epoch):
-                    # A step save on an epoch's last batch, before the epoch ended: the epoch-end
-                    # save at the same step records the truth (next epoch, batch 0, RNG after the
-                    # epoch body) so manifest, index and resume all agree.
-                    why = f"written at epoch {m.epoch} batch {m.batch_in_epoch}, before the epoch ended"
-            except rundir.InvalidCheckpoint as e:
-                why = f"invalid: {e.reason}"
-        if why is None:
-            return existing
-        trash = existing.parent / f"{rundir.TMP_PREFIX}deleting-{existing.name}"
-        try:
-            shutil.rmtree(trash, ignore_errors=True)
-            os.rename(existing, trash)
-            shutil.rmtree(trash, ignore_errors=True)
-        except OSError as e:
-            _say(f"warning: cannot replace checkpoint {existing} ({why}): {e}")
-            return existing
-        _say(f"replacing checkpoint {existing} ({why})")
-        return None
-
-    def _snapshot(self, kind: CheckpointKind, exact: bool) -> ckpt.Snapshot:
-        """Collect state (CPU tensors by reference, device tensors copied); the write is synchronous."""
-        files: dict[str, Any] = {}
-        # Multi-rank: DDP replicas are identical, so each is written once, and by different ranks
-        # (model: rank 0, optimizer: the last rank) so the two biggest members are written in
-        # parallel. Sharded: every rank's shards go through DCP in the write itself.
-        single = self._group.world_size == 1
-        if self.model is not None and not self.sharded and (single or self.rank == 0):
-            files[ckpt.MODEL_FILE] = ckpt.to_cpu(self.model.state_dict())
-        if self.optimizer is not None and not self.sharded and (single or self.rank == self.world_size - 1):
-            files[ckpt.OPTIMIZER_FILE] = ckpt.to_cpu(self.optimizer.state_dict())
-        stream = self._stream_loader  # kept across epochs: a stateful loader's state matters at epoch ends too
-        trainer = {
-            "format": rundir.FORMAT_VERSION,
-            "global_step": self.global_step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
-            "loss": self.loss,
-            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
-            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
-            "extra": {k: v.state_dict() for k, v in self.extra.items() if v is not None},
-            "state": ckpt.check_plain(self.state, "run.state"),
-            "rng": rng.capture(),
-            "epoch_rng": self._epoch_rng if self.batch_in_epoch > 0 else None,
-            "loader_state": stream.state_dict() if stream is not None and data.is_stateful(stream) else None,
-        }
-        files[ckpt.TRAINER_FILE if self._group.world_size == 1 else ckpt.rank_file(self.rank)] = ckpt.to_cpu(trainer)
-        return ckpt.Snapshot(files, self.global_step, self.epoch, self.batch_in_epoch, kind, self.loss, exact,
-                             sharded=self.sharded)
 
     def _save(self, kind: CheckpointKind, exact: bool = True) -> Optional[Path]:
         """Save at the current step unless it already has a checkpoint; storage failures never raise."""
         if self._group.world_size > 1:
             return self._save_dist(kind)
         self._last_save_t = time.monotonic()
-        existing = self._reusable(self.global_step, exact)
+        existing = saving.reusable(self, self.global_step, exact)
         if existing is not None:
             self._retention.upgrade_kind(existing, kind)
             return existing
-        snap = self._snapshot(kind, exact)
+        snap = saving.snapshot(self, kind, exact)
         self._hb.fields.update(step=self.global_step, epoch=self.epoch, loss=self.loss)
         self._hb.begin_save()
         try:
             for root in self.search_dirs:
-                if not self._ensure_space(root, snap):
+                if not saving.ensure_space(self, root, snap):
                     continue
                 try:
                     path, manifest, nbytes = ckpt.write_checkpoint(
@@ -456,7 +354,7 @@ class Run:
         self._last_save_t = time.monotonic()
         step = self.global_step
         decision = saving.decide(self, kind) if self.rank == 0 else None
-        snap = self._snapshot(kind, True)
+        snap = saving.snapshot(self, kind, True)
         self._hb.fields.update(step=step, epoch=self.epoch, loss=self.loss)
         self._hb.begin_save()
         try:
@@ -489,22 +387,6 @@ class Run:
             rundir.append_event(self.rd, event, self.attempt, **fields)
         except OSError as e:
             _say(f"warning: cannot append to {self.rd.events}: {e}")
-
-    def _ensure_space(self, root: Path, snap: ckpt.Snapshot) -> bool:
-        """Free space >= 1.2 x last checkpoint + min_free_bytes, rotating first if that makes room."""
-        need = int(1.2 * self._last_size) + self.min_free_bytes
-        if need <= 0:
-            return True
-        free = retention.free_bytes(root)
-        if free is None or free >= need:
-            return True
-        name = rundir.checkpoint_name(snap.global_step)
-        self._retention.rotate(placeholder=rotation.Entry(name, snap.global_step, snap.kind, snap.loss, snap.exact))
-        free = retention.free_bytes(root)
-        if free is None or free >= need:
-            return True
-        self._failed(root, f"no_space: need {need} bytes free, have {free}")
-        return False
 
     # --- stopping and crashing ----------------------------------------------------------------
 
@@ -539,7 +421,7 @@ class Run:
         elif self._dirty:
             _say(f"no emergency checkpoint: optimizer.step() ran after run.step() {self.global_step}, "
                  "so the weights match no step")
-        elif self._existing(self.global_step) is not None:
+        elif saving.find_existing(self, self.global_step) is not None:
             _say(f"no emergency checkpoint: step {self.global_step} already has one")
         else:
             path = self._save(CheckpointKind.EMERGENCY, exact=False)

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import os
 import shutil
+import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from . import checkpoint as ckpt
-from . import rundir
+from . import data, retention, rng, rotation, rundir
 from .errors import CheckpointError
 from .loading import sharded_module
 from .rundir import CheckpointKind
@@ -27,7 +29,7 @@ from .rundir import CheckpointKind
 if TYPE_CHECKING:  # pragma: no cover
     from .run import Run
 
-__all__ = ["Action", "Decision", "Outcome", "decide", "commit"]
+__all__ = ["Action", "Decision", "Outcome", "decide", "commit", "find_existing", "reusable", "snapshot", "ensure_space"]
 
 
 class Action(str, enum.Enum):
@@ -52,17 +54,116 @@ class Outcome:
     error: Optional[str] = None
 
 
+def _say(msg: str) -> None:
+    print(f"trainer_shim: {msg}", file=sys.stderr, flush=True)
+
+
+def find_existing(run: Run, step: int) -> Optional[Path]:
+    """The committed checkpoint dir at `step` in any root, if one exists."""
+    name = rundir.checkpoint_name(step)
+    for d in run.search_dirs:
+        if (d / name).is_dir():
+            return d / name
+    return None
+
+
+def reusable(run: Run, step: int, exact: bool) -> Optional[Path]:
+    """The committed checkpoint at `step` that a save there may keep instead of writing, if any.
+
+    One that must not stand for this run's state at the step is moved out of the way: an
+    emergency one when an exact save comes (it was kept only for inspection), one this process
+    rejected (a bit flip the size check cannot see) or that fails the size check, and one
+    another world size wrote (before a reshard: a different timeline).
+    """
+    existing = find_existing(run, step)
+    if existing is None:
+        return None
+    why = "rejected at resume" if os.path.realpath(existing) in run._rejected_paths else None
+    if why is None:
+        try:
+            m = rundir.inspect_checkpoint(existing).manifest
+            if exact and not m.exact:
+                why = "inexact (emergency)"
+            elif m.world_size != run.world_size:
+                why = f"written by {m.world_size} rank(s)"
+            elif (m.epoch, m.batch_in_epoch) != (run.epoch, run.batch_in_epoch):
+                # A step save on an epoch's last batch, before the epoch ended: the epoch-end
+                # save at the same step records the truth (next epoch, batch 0, RNG after the
+                # epoch body) so manifest, index and resume all agree.
+                why = f"written at epoch {m.epoch} batch {m.batch_in_epoch}, before the epoch ended"
+        except rundir.InvalidCheckpoint as e:
+            why = f"invalid: {e.reason}"
+    if why is None:
+        return existing
+    trash = existing.parent / f"{rundir.TMP_PREFIX}deleting-{existing.name}"
+    try:
+        shutil.rmtree(trash, ignore_errors=True)
+        os.rename(existing, trash)
+        shutil.rmtree(trash, ignore_errors=True)
+    except OSError as e:
+        _say(f"warning: cannot replace checkpoint {existing} ({why}): {e}")
+        return existing
+    _say(f"replacing checkpoint {existing} ({why})")
+    return None
+
+
+def snapshot(run: Run, kind: CheckpointKind, exact: bool) -> ckpt.Snapshot:
+    """Collect state (CPU tensors by reference, device tensors copied); the write is synchronous."""
+    files: dict[str, Any] = {}
+    # Multi-rank: DDP replicas are identical, so each is written once, and by different ranks
+    # (model: rank 0, optimizer: the last rank) so the two biggest members are written in
+    # parallel. Sharded: every rank's shards go through DCP in the write itself.
+    single = run._group.world_size == 1
+    if run.model is not None and not run.sharded and (single or run.rank == 0):
+        files[ckpt.MODEL_FILE] = ckpt.to_cpu(run.model.state_dict())
+    if run.optimizer is not None and not run.sharded and (single or run.rank == run.world_size - 1):
+        files[ckpt.OPTIMIZER_FILE] = ckpt.to_cpu(run.optimizer.state_dict())
+    stream = run._stream_loader  # kept across epochs: a stateful loader's state matters at epoch ends too
+    trainer = {
+        "format": rundir.FORMAT_VERSION,
+        "global_step": run.global_step, "epoch": run.epoch, "batch_in_epoch": run.batch_in_epoch,
+        "loss": run.loss,
+        "scheduler": run.scheduler.state_dict() if run.scheduler is not None else None,
+        "scaler": run.scaler.state_dict() if run.scaler is not None else None,
+        "extra": {k: v.state_dict() for k, v in run.extra.items() if v is not None},
+        "state": ckpt.check_plain(run.state, "run.state"),
+        "rng": rng.capture(),
+        "epoch_rng": run._epoch_rng if run.batch_in_epoch > 0 else None,
+        "loader_state": stream.state_dict() if stream is not None and data.is_stateful(stream) else None,
+    }
+    files[ckpt.TRAINER_FILE if run._group.world_size == 1 else ckpt.rank_file(run.rank)] = ckpt.to_cpu(trainer)
+    return ckpt.Snapshot(files, run.global_step, run.epoch, run.batch_in_epoch, kind, run.loss, exact,
+                         sharded=run.sharded)
+
+
+def ensure_space(run: Run, root: Path, snap: ckpt.Snapshot) -> bool:
+    """Free space >= 1.2 x last checkpoint + min_free_bytes, rotating first if that makes room."""
+    need = int(1.2 * run._last_size) + run.min_free_bytes
+    if need <= 0:
+        return True
+    free = retention.free_bytes(root)
+    if free is None or free >= need:
+        return True
+    name = rundir.checkpoint_name(snap.global_step)
+    run._retention.rotate(placeholder=rotation.Entry(name, snap.global_step, snap.kind, snap.loss, snap.exact))
+    free = retention.free_bytes(root)
+    if free is None or free >= need:
+        return True
+    run._failed(root, f"no_space: need {need} bytes free, have {free}")
+    return False
+
+
 def decide(run: Run, kind: CheckpointKind) -> Decision:
     """rank 0: keep an existing checkpoint at the step, or create the temporary dir in the first root that can."""
     step = run.global_step
-    existing = run._reusable(step, True)
+    existing = reusable(run, step, True)
     if existing is not None:
         run._retention.upgrade_kind(existing, kind)
         return Decision(Action.EXISTS, existing)
     name = rundir.checkpoint_name(step)
     probe = ckpt.Snapshot({}, step, run.epoch, run.batch_in_epoch, kind, run.loss)
     for root in run.search_dirs:
-        if not run._ensure_space(root, probe):
+        if not ensure_space(run, root, probe):
             continue
         tmp = root / f"{rundir.TMP_PREFIX}{name}"
         try:
