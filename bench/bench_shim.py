@@ -100,8 +100,7 @@ def bench_save_restore(tmp: Path, mb: int, reps: int = 5) -> tuple[float, float,
         t0 = time.perf_counter()
         assert run.save() is not None
         dt = time.perf_counter() - t0
-        for t in run._deleters:  # rotation unlinks in the background; keep it out of the bare timing
-            t.join()
+        run._retention.join()  # rotation unlinks in the background; keep it out of the bare timing
         return dt
 
     for i in range(reps + 1):  # the first round only warms the page cache / allocator for both

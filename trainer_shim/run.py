@@ -14,11 +14,10 @@ from types import TracebackType
 from typing import Any, Optional
 
 
-from . import checkpoint as ckpt
-from . import cursor, data, distributed, restoring, retention, rng, rundir, saving, signals
-from .errors import CheckpointError, CollectiveTimeout, ConfigError
+from . import cursor, data, distributed, options, restoring, retention, rng, rundir, saving, signals
+from .errors import CollectiveTimeout, ConfigError
 from .heartbeat import Heartbeat
-from .loading import LoadResult, load, sharded_module
+from .loading import LoadResult, load
 from .provenance import git_info, script_path
 from .rundir import CheckpointKind, Event, Phase
 
@@ -29,22 +28,6 @@ _PREFIX = "trainer_shim:"
 
 def _say(msg: str) -> None:
     print(f"{_PREFIX} {msg}", file=sys.stderr, flush=True)
-
-
-def _validate(save_every_steps: Optional[int], extra: Any) -> None:
-    if save_every_steps is not None and save_every_steps <= 0:
-        raise ConfigError(f"save_every_steps must be positive, got {save_every_steps}")
-    if extra is not None and not isinstance(extra, dict):
-        raise ConfigError("extra must be a dict of objects with state_dict()/load_state_dict()")
-
-
-def _decide_sharded(sharded: Optional[bool], model: Any) -> bool:
-    if sharded is None:  # FSDP2/DTensor state must not be gathered to go through torch.save
-        # No DTensor exists unless its module was imported: spare everyone else DCP's import.
-        sharded = "torch.distributed.tensor" in sys.modules and sharded_module().uses_dtensor(model)
-    if sharded and model is None:
-        raise ConfigError("sharded=True needs a model (its state goes through torch.distributed.checkpoint)")
-    return bool(sharded)
 
 
 class Run:
@@ -73,7 +56,7 @@ class Run:
         sharded: Optional[bool] = None,
         allow_reshard: Optional[bool] = None,
     ) -> None:
-        _validate(save_every_steps, extra)
+        options.validate(save_every_steps, extra)
         script = script_path()
         try:  # the product env, parsed once; a bad value is a one-line configuration error
             self.env = env = rundir.RunEnv.from_environ(os.environ)
@@ -82,7 +65,7 @@ class Run:
         except rundir.ContractError as e:
             raise ConfigError(str(e)) from e
         self._join_world(collective_timeout)
-        self.sharded = _decide_sharded(sharded, model)
+        self.sharded = options.decide_sharded(sharded, model)
         self.allow_reshard = bool(env.allow_reshard if allow_reshard is None else allow_reshard)
         self.attempt = env.attempt
         # The step mark is reset before the first beat: the supervisor trusts a mark only once this
@@ -323,31 +306,14 @@ class Run:
         self._hb.fields.update(step=self.global_step, epoch=self.epoch, loss=self.loss)
         self._hb.begin_save()
         try:
-            for root in self.search_dirs:
-                if not saving.ensure_space(self, root, snap):
-                    continue
-                try:
-                    path, manifest, nbytes = ckpt.write_checkpoint(
-                        root, snap, meta={"git_commit": self.git_commit, "git_dirty": self.git_dirty},
-                        progress=self._on_progress, shards=self._write_shards if self.sharded else None)
-                except CheckpointError as e:
-                    self._last_size = max(self._last_size, self._hb.save_bytes)
-                    self._failed(root, str(e))
-                    continue
-                self._last_size = nbytes
+            outcome = saving.write_alone(self, snap)
+            if outcome.committed:
+                self._last_size = outcome.nbytes
                 self.checkpoint_step = self._retention.committed_step = self.global_step
-                self._retention.add(path, manifest)
-                self._retention.rotate()
-                return path
-            return None
+            return outcome.path
         finally:
             self._last_save_t = time.monotonic()
             self._hb.end_save(checkpoint_step=self.checkpoint_step)
-
-    def _write_shards(self, tmp: Path) -> dict[str, rundir.FileEntry]:
-        """Single process: the DCP set of model and optimizer (no collectives)."""
-        files, _referenced = sharded_module().save(tmp, self.model, self.optimizer, rank=0, progress=self._on_progress)
-        return files
 
     def _save_dist(self, kind: CheckpointKind) -> Optional[Path]:
         """The multi-rank commit protocol (see `saving`); every rank calls it at the same step."""
@@ -412,22 +378,13 @@ class Run:
             _say(f"warning: cannot write {efile}: {e}")
         if self._finished:
             return
-        if self._group.world_size > 1:
-            # The other ranks are not in this save's collectives: an emergency checkpoint cannot commit.
-            _say("no emergency checkpoint: multi-rank runs save only at steps all ranks agree on")
+        why_not = saving.no_emergency_reason(self)
+        if why_not is not None:
+            _say(f"no emergency checkpoint: {why_not}")
             return
-        if self.optimizer is None:
-            _say("no emergency checkpoint: without an optimizer the shim cannot tell whether the weights match the step")
-        elif self._dirty:
-            _say(f"no emergency checkpoint: optimizer.step() ran after run.step() {self.global_step}, "
-                 "so the weights match no step")
-        elif saving.find_existing(self, self.global_step) is not None:
-            _say(f"no emergency checkpoint: step {self.global_step} already has one")
-        else:
-            path = self._save(CheckpointKind.EMERGENCY, exact=False)
-            if path is not None:
-                _say(f"emergency checkpoint (inexact, not auto-resumed) at {path}")
-
+        path = self._save(CheckpointKind.EMERGENCY, exact=False)
+        if path is not None:
+            _say(f"emergency checkpoint (inexact, not auto-resumed) at {path}")
 
 def init(**kwargs: Any) -> Run:
     """Create the Run: first heartbeat, then restore the requested or newest valid checkpoint."""

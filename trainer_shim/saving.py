@@ -29,7 +29,7 @@ from .rundir import CheckpointKind
 if TYPE_CHECKING:  # pragma: no cover
     from .run import Run
 
-__all__ = ["Action", "Decision", "Outcome", "decide", "commit", "find_existing", "reusable", "snapshot", "ensure_space"]
+__all__ = ["Action", "Decision", "Outcome", "decide", "commit", "write_alone", "no_emergency_reason", "find_existing", "reusable", "snapshot", "ensure_space"]
 
 
 class Action(str, enum.Enum):
@@ -244,3 +244,43 @@ def commit(run: Run, snap: ckpt.Snapshot, decision: Optional[Decision]) -> Outco
     reports = group.all_gather((mine, err), "checkpoint file reports")
     outcome = _finish(run, tmp, snap, reports, referenced) if run.rank == 0 else None
     return group.broadcast(outcome, "checkpoint outcome")
+
+
+def write_alone(run: Run, snap: ckpt.Snapshot) -> Outcome:
+    """A world of one: write and commit in the first root with room, falling back to the next on failure."""
+    for root in run.search_dirs:
+        if not ensure_space(run, root, snap):
+            continue
+        try:
+            path, manifest, nbytes = ckpt.write_checkpoint(
+                root, snap, meta={"git_commit": run.git_commit, "git_dirty": run.git_dirty},
+                progress=run._on_progress, shards=(lambda tmp: _write_shards(run, tmp)) if run.sharded else None)
+        except CheckpointError as e:
+            run._last_size = max(run._last_size, run._hb.save_bytes)
+            run._failed(root, str(e))
+            continue
+        run._retention.committed_step = snap.global_step  # before rotating: the resumed one may go now
+        run._retention.add(path, manifest)
+        run._retention.rotate()
+        return Outcome(path, committed=True, nbytes=nbytes)
+    return Outcome(error="no checkpoint root took it")
+
+
+def _write_shards(run: Run, tmp: Path) -> dict[str, rundir.FileEntry]:
+    """Single process: the DCP set of model and optimizer (no collectives)."""
+    files, _referenced = sharded_module().save(tmp, run.model, run.optimizer, rank=0, progress=run._on_progress)
+    return files
+
+
+def no_emergency_reason(run: Run) -> Optional[str]:
+    """Why a crash at this moment gets no (inexact) emergency checkpoint, or None if it may have one."""
+    if run._group.world_size > 1:
+        # The other ranks are not in this save's collectives: an emergency checkpoint cannot commit.
+        return "multi-rank runs save only at steps all ranks agree on"
+    if run.optimizer is None:
+        return "without an optimizer the shim cannot tell whether the weights match the step"
+    if run._dirty:
+        return f"optimizer.step() ran after run.step() {run.global_step}, so the weights match no step"
+    if find_existing(run, run.global_step) is not None:
+        return f"step {run.global_step} already has one"
+    return None
