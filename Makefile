@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test test-faults demo bench clean
+.PHONY: install system-deps test test-faults demo bench clean
 
 install: $(STAMP)
 
@@ -14,7 +14,11 @@ $(STAMP): pyproject.toml constraints-dev.txt
 	$(PY) -m pip install -q -c constraints-dev.txt -e '.[torch,dev]'
 	touch $(STAMP)
 
-test: install
+# Debian packages of the real Slurm/Prometheus tests, only when missing; never fails (they skip).
+system-deps:
+	@bash .ci/system-deps
+
+test: install system-deps
 	$(PY) -m pytest -q -ra tests
 
 # Long, many-seed variants of the failure campaign (chaos soak, repeated seeds).
