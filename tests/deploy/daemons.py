@@ -190,7 +190,9 @@ class Slurm:
         return r
 
     def sbatch(self, *args: str, env: Optional[dict] = None) -> str:
-        return self.run("sbatch", "--parsable", *args, env={**self.env, **(env or {})}).stdout.strip().split(";")[0]
+        """Submit; the job gets `env` (default: ours) plus SLURM_CONF. Returns the job id."""
+        env = {**(env if env is not None else self.env), "SLURM_CONF": str(self.conf)}
+        return self.run("sbatch", "--parsable", *args, env=env).stdout.strip().split(";")[0]
 
     def job(self, job_id: str) -> dict[str, str]:
         """`scontrol show job` as a dict (no slurmdbd here, so no sacct)."""

@@ -1,103 +1,168 @@
-"""deploy/slurm/train.sbatch under real bash, with stub resilient-run and scontrol processes."""
+"""deploy/slurm/*.sbatch on a real one-node Slurm cluster (tests/deploy/conftest.py).
+
+Each job trains tests/jobs/toy_train.py (or ddp_train.py) under the real supervisor and must end
+with the final weights of an uninterrupted run, bit for bit, whatever Slurm did to it.
+"""
 
 from __future__ import annotations
 
-import os
+import json
 import signal
 import subprocess
-import textwrap
+import sys
 from pathlib import Path
 
 import pytest
 
-from supervisor.errors import EXIT_STOPPED
-from tests.conftest import REPO
-from tests.support import wait_until
+from tests.conftest import JOBS, PYTHON, REPO
+from tests.distributed.common import DDP_JOB, assert_equal_state, ddp_run, weights
+from tests.faults.common import TOY, assert_bit_exact, current_trainer, reference
+from tests.supervisor.helpers import ended_kinds, events, heartbeat, sup_env, wait_until
+from trainer_shim.rundir import RunDir, read_events
+
+from .daemons import Slurm, free_port
 
 SBATCH = REPO / "deploy" / "slurm" / "train.sbatch"
-
-# `run` records its argv, then idles until SIGTERM and exits 75, as the real supervisor does
-# after the trainer saved; `stop` signals it through the pid file and waits for it to exit.
-STUB_RESILIENT_RUN = textwrap.dedent("""\
-    #!/bin/bash
-    case "$1" in
-    run)
-        [ "$2" = --run-dir ] || exit 98
-        rd=$3; shift 3
-        echo "$*" > "$rd/run-args"
-        if [ -n "${STUB_RUN_EXIT:-}" ]; then exit "$STUB_RUN_EXIT"; fi
-        trap 'echo "run got TERM" >> "$rd/calls"; exit 75' TERM
-        echo $$ > "$rd/run.pid.tmp" && mv "$rd/run.pid.tmp" "$rd/run.pid"
-        while :; do sleep 0.05; done
-        ;;
-    stop)
-        rd=$2
-        echo "stop $rd" >> "$rd/calls"
-        pid=$(cat "$rd/run.pid")
-        kill -TERM "$pid"
-        while kill -0 "$pid" 2>/dev/null; do sleep 0.05; done
-        ;;
-    *) exit 99 ;;
-    esac
-""")
-STUB_SCONTROL = '#!/bin/bash\necho "$*" >> "$SCONTROL_LOG"\n'
+MULTINODE = REPO / "deploy" / "slurm" / "train-multinode.sbatch"
+RESILIENT_RUN = str(Path(PYTHON).parent / "resilient-run")
+TOY_ARGS = ("--epochs", "4", "--save-every", "5")
+ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
+# --signal=B:USR1@N with --time=1: slurmctld checks limits every 30 s and sends the signal up to
+# 30 s early, so it lands 30-N..60-N s after the start: 8-38 s here, after the trainer's first steps.
+USR1_BEFORE_LIMIT = 22
 
 
-@pytest.fixture
-def env(tmp_path: Path) -> dict[str, str]:
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    for name, text in (("resilient-run", STUB_RESILIENT_RUN), ("scontrol", STUB_SCONTROL)):
-        (bin_dir / name).write_text(text)
-        (bin_dir / name).chmod(0o755)
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    return {
-        "PATH": f"{bin_dir}:{os.environ['PATH']}", "RUN_DIR": str(run_dir),
-        "SCONTROL_LOG": str(tmp_path / "scontrol.log"), "SLURM_JOB_ID": "4242", "SLURM_RESTART_COUNT": "3",
-    }
+def submit(slurm: Slurm, tmp: Path, *sbatch_args: str, script: Path = SBATCH, train: str = TOY,
+           train_args: tuple[str, ...] = TOY_ARGS, **env: str) -> tuple[str, Path, Path]:
+    """sbatch `script` to train `train`; returns (job id, run dir, the job's output file)."""
+    rd = tmp / "run"
+    job = slurm.sbatch(f"--chdir={tmp}", f"--output={tmp}/slurm-%j.out", *sbatch_args, str(script), *train_args,
+                       env=sup_env(RUN_DIR=str(rd), TRAIN_SCRIPT=train, RESILIENT_RUN_BIN=RESILIENT_RUN, **env))
+    return job, rd, tmp / f"slurm-{job}.out"
 
 
-def start(env: dict[str, str], *args: str) -> subprocess.Popen:
-    return subprocess.Popen(["bash", str(SBATCH), *args], env=env, cwd=env["RUN_DIR"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def step(rd: Path) -> int:
+    return (heartbeat(rd) or {}).get("step") or 0
 
 
-@pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGTERM])
-def test_signal_stops_saves_and_requeues(env, sig):
-    rd = Path(env["RUN_DIR"])
-    p = start(env, "--lr", "0.1")
-    try:
-        assert wait_until(lambda: (rd / "run.pid").exists(), 20), "stub run never started"
-        p.send_signal(sig)
-        out, err = p.communicate(timeout=30)
-    finally:
-        p.kill()
-    assert p.returncode == EXIT_STOPPED, err
-    assert (rd / "calls").read_text().splitlines() == [f"stop {rd}", "run got TERM"]
-    assert (rd / "run-args").read_text() == "train.py --lr 0.1\n"
-    assert Path(env["SCONTROL_LOG"]).read_text() == "requeue 4242\n"
-    assert "restart count 3" in err and f"got SIG{sig.name[3:]}" in err
+def finished(slurm: Slurm, job: str, log: Path, timeout: float = 120) -> dict:
+    j = slurm.wait_job(job, lambda j: j["JobState"] in ENDED, timeout, "the job to end")
+    assert j["JobState"] == "COMPLETED" and j["ExitCode"] == "0:0", (j, log.read_text()[-3000:])
+    return j
 
 
-@pytest.mark.parametrize("code", [0, 1])
-def test_other_exit_codes_propagate_without_requeue(env, code):
-    env["STUB_RUN_EXIT"] = str(code)
-    p = start(env)
-    _, err = p.communicate(timeout=30)
-    assert p.returncode == code, err
-    assert not Path(env["SCONTROL_LOG"]).exists()
-    assert not (Path(env["RUN_DIR"]) / "calls").exists()
+def requeued(slurm: Slurm, job: str, time_limit: str = "") -> None:
+    """Wait for the requeue, then let the job start again at once (it would wait ~120 s for BeginTime)."""
+    slurm.wait_job(job, lambda j: j["JobState"] == "PENDING" and j["Restarts"] == "1", 90, "to be requeued")
+    slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now", *([f"TimeLimit={time_limit}"] if time_limit else []))
 
 
-def test_requeue_only_inside_slurm(env):
-    rd = Path(env["RUN_DIR"])
-    del env["SLURM_JOB_ID"]
-    p = start(env)
-    try:
-        assert wait_until(lambda: (rd / "run.pid").exists(), 20)
-        p.send_signal(signal.SIGUSR1)
-        p.communicate(timeout=30)
-    finally:
-        p.kill()
-    assert p.returncode == EXIT_STOPPED and not Path(env["SCONTROL_LOG"]).exists()
+def assert_preempt_checkpoint(rd: Path) -> None:
+    """The stopped attempt saved at the step it stopped at: nothing trained is lost."""
+    newest = max(int(d.name.split("-")[1]) for d in (rd / "checkpoints").glob("step-*"))
+    assert newest == step(rd) > 0, (newest, heartbeat(rd))
+
+
+def test_scontrol_requeue_stops_with_a_checkpoint_and_the_rerun_resumes_exact(slurm_jobs: Slurm, tmp_path: Path):
+    job, rd, log = submit(slurm_jobs, tmp_path, train_args=(*TOY_ARGS, "--step-sleep", "0.1"))
+    wait_until(lambda: step(rd) >= 8, 90, what=f"training under Slurm\n{slurm_jobs.logs()}")
+    slurm_jobs.run("scontrol", "requeue", job)
+    requeued(slurm_jobs, job)
+    assert ended_kinds(rd) == ["preempted"]
+    assert_preempt_checkpoint(rd)
+    finished(slurm_jobs, job, log)
+    out = log.read_text()
+    assert "restart count 0" in out and "got SIGTERM" in out and "resilient-run exited 75" in out, out
+    assert "restart count 1" in out, out  # SLURM_RESTART_COUNT=1 in the rerun
+    assert ended_kinds(rd) == ["preempted", "success"]
+    assert events(rd, "attempt_started")[-1]["resume_from"]
+    assert_bit_exact(rd / "final_weights.pt", reference(tmp_path, *TOY_ARGS))
+
+
+SLOW_FIRST_ALLOCATION = """\
+import os, runpy, sys
+# Slow in the first allocation, so the time limit's USR1 finds it training; at full speed after.
+if not os.environ.get("SLURM_RESTART_COUNT"):
+    sys.argv += ["--step-sleep", "2"]
+runpy.run_path({toy!r}, run_name="__main__")
+"""
+
+
+def test_time_limit_usr1_stops_requeues_and_the_rerun_resumes_exact(slurm_jobs: Slurm, tmp_path: Path):
+    train = tmp_path / "slow_first.py"
+    train.write_text(SLOW_FIRST_ALLOCATION.format(toy=TOY))
+    job, rd, log = submit(slurm_jobs, tmp_path, "--time=1", f"--signal=B:USR1@{USR1_BEFORE_LIMIT}",
+                          train=str(train))
+    # The trap requeues the job itself (Slurm never requeues a timeout); the rerun gets 5 minutes
+    # so that no second USR1 interrupts it.
+    requeued(slurm_jobs, job, time_limit="5")
+    out = log.read_text()
+    assert "got SIGUSR1" in out and "resilient-run exited 75" in out and f"requeueing job {job}" in out, out
+    assert ended_kinds(rd) == ["preempted"]
+    assert_preempt_checkpoint(rd)
+    finished(slurm_jobs, job, log)
+    assert "restart count 1" in log.read_text()
+    assert ended_kinds(rd) == ["preempted", "success"]
+    assert_bit_exact(rd / "final_weights.pt", reference(tmp_path, *TOY_ARGS))
+
+
+def test_kill_9_of_the_trainer_restarts_it_in_place_without_a_requeue(slurm_jobs: Slurm, tmp_path: Path):
+    job, rd, log = submit(slurm_jobs, tmp_path, train_args=(*TOY_ARGS, "--step-sleep", "0.1"))
+    wait_until(lambda: step(rd) >= 6, 90, what=f"training under Slurm\n{slurm_jobs.logs()}")
+    trainer = wait_until(lambda: current_trainer(rd), 10, what="the trainer's pid")
+    trainer.send_signal(signal.SIGKILL)
+    j = finished(slurm_jobs, job, log)
+    assert j["Restarts"] == "0" and "restart count 1" not in log.read_text()
+    assert ended_kinds(rd) == ["signal", "success"]
+    assert_bit_exact(rd / "final_weights.pt", reference(tmp_path, *TOY_ARGS))
+
+
+# --- deploy/slurm/train-multinode.sbatch ----------------------------------------------------
+
+RECORD_ARGV = "#!{python}\nimport json, sys\nprint(json.dumps(sys.argv[1:]))\n"
+
+
+def test_multinode_command_for_four_nodes(slurm: Slurm, tmp_path: Path):
+    """The script's command for a 4-node allocation, and what each node's task runs from it."""
+    env = {**slurm.env, "SLURM_JOB_ID": "77", "SLURM_NNODES": "4", "SLURM_JOB_NODELIST": "gpu[07-10]",
+           "RUN_DIR": "/shared/runs/exp1", "NPROC_PER_NODE": "8", "RDZV_PORT": "29400", "DRY_RUN": "1"}
+    r = subprocess.run(["bash", str(MULTINODE), "--lr", "0.1"], env=env, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    argv = r.stdout.splitlines()
+    assert argv[:6] == ["srun", "--ntasks-per-node=1", "--nodes=4", "--kill-on-bad-exit=0", "bash", "-c"], argv
+    snippet, task_args = argv[6], argv[7:]
+    assert task_args[0] == "resilient-run"
+    # What srun runs on node k: the same argv with that node's SLURM_NODEID (resilient-run replaced
+    # by a recorder of its arguments).
+    recorder = tmp_path / "record-argv"
+    recorder.write_text(RECORD_ARGV.format(python=sys.executable))
+    recorder.chmod(0o755)
+    for k in range(4):
+        t = subprocess.run(["bash", "-c", snippet, str(recorder), *task_args[1:]], capture_output=True, text=True,
+                           env={"SLURM_NNODES": "4", "SLURM_NODEID": str(k)}, timeout=30)
+        assert json.loads(t.stdout) == [
+            "run", "--nnodes", "4", "--node-rank", str(k), "--run-dir", "/shared/runs/exp1",
+            "--nproc-per-node", "8", "--rdzv-endpoint", "gpu07:29400", "train.py", "--lr", "0.1"], t.stderr
+
+
+def node_events(rd: Path, name: str) -> list[dict]:
+    """Events of node 0's supervisor (kept in nodes/node-0/ when the job runs with --node-rank)."""
+    found = [e for n in (0, None) for e in read_events(RunDir(rd, n)) if e.get("event") == name]
+    return found
+
+
+def test_multinode_script_on_one_node_requeues_and_resumes_exact(slurm_jobs: Slurm, tmp_path: Path):
+    ref_p, _, ref_out = ddp_run(tmp_path, "ref", nproc=1)
+    assert ref_p.returncode == 0, ref_p.stderr[-3000:]
+    job, rd, log = submit(slurm_jobs, tmp_path, "--nodes=1", script=MULTINODE, train=DDP_JOB,
+                          train_args=("--out-dir", str(tmp_path / "out"), "--step-sleep", "0.1"),
+                          NPROC_PER_NODE="1", RDZV_PORT=str(free_port()))
+    wait_until(lambda: step(rd) >= 8, 90, what=f"training under Slurm\n{slurm_jobs.logs()}")
+    slurm_jobs.run("scontrol", "requeue", job)
+    requeued(slurm_jobs, job)
+    finished(slurm_jobs, job, log)
+    out = log.read_text()
+    assert "nodes 1 rendezvous" in out and "restart count 1" in out, out
+    assert [e["kind"] for e in node_events(rd, "attempt_ended")] == ["preempted", "success"], out
+    assert_equal_state(weights(tmp_path / "out" / "final-rank-0.pt"), weights(ref_out / "final-rank-0.pt"),
+                       "rank 0 vs the uninterrupted run")
