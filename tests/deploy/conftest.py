@@ -27,8 +27,9 @@ def slurm(request) -> Iterator[Slurm]:
 @pytest.fixture
 def slurm_jobs(slurm: Slurm) -> Iterator[Slurm]:
     """The cluster, with every job of the test cancelled (and its processes gone) afterwards."""
+    before = len(slurm.submitted)
     yield slurm
-    slurm.cancel_all()
+    slurm.cancel(slurm.submitted[before:])
 
 
 @pytest.fixture(scope="session")

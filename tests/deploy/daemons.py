@@ -92,6 +92,13 @@ class Daemons:
         return [f"{n} (pid {p.pid})" for n, p in self.procs if p.poll() is None]
 
 
+def _environ(p: psutil.Process) -> dict[str, str]:
+    try:
+        return p.environ()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return {}
+
+
 def processes_with_env(name: str, value: str) -> list[psutil.Process]:
     """Live processes whose environment has name=value (jobs inherit SLURM_CONF from sbatch)."""
     found = []
@@ -105,6 +112,9 @@ def processes_with_env(name: str, value: str) -> list[psutil.Process]:
             continue
     return found
 
+
+# Final job states: nothing changes after them (a requeue goes through PENDING instead).
+ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL", "DEADLINE")
 
 SLURM_CONF = """\
 ClusterName=rrtest
@@ -149,6 +159,7 @@ class Slurm:
         self.conf = self.root / "slurm.conf"
         self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
         self.host = socket.gethostname().split(".")[0]
+        self.submitted: list[str] = []
 
     def start(self) -> "Slurm":
         munge = self.root / "munge"
@@ -192,7 +203,9 @@ class Slurm:
     def sbatch(self, *args: str, env: Optional[dict] = None) -> str:
         """Submit; the job gets `env` (default: ours) plus SLURM_CONF. Returns the job id."""
         env = {**(env if env is not None else self.env), "SLURM_CONF": str(self.conf)}
-        return self.run("sbatch", "--parsable", *args, env=env).stdout.strip().split(";")[0]
+        job = self.run("sbatch", "--parsable", *args, env=env).stdout.strip().split(";")[0]
+        self.submitted.append(job)
+        return job
 
     def job(self, job_id: str) -> dict[str, str]:
         """`scontrol show job` as a dict (no slurmdbd here, so no sacct)."""
@@ -202,30 +215,41 @@ class Slurm:
     def wait_job(self, job_id: str, pred: Callable[[dict], bool], timeout: float, what: str) -> dict:
         def check() -> Optional[dict]:
             j = self.job(job_id)
-            return j if pred(j) else None
+            if pred(j):
+                return j
+            if j["JobState"] in ENDED:  # it will not change any more
+                raise AssertionError(f"job {job_id} ended {j['JobState']} {j['ExitCode']} before {what}")
+            return None
         try:
             return poll(check, timeout, f"job {job_id}: {what}", interval=0.2)
         except AssertionError as e:
             raise AssertionError(f"{e}; last: {self.job(job_id)}") from None
 
-    def job_processes(self) -> list[psutil.Process]:
-        """Job steps and everything they started (they inherit SLURM_CONF); not the daemons."""
+    def job_processes(self, job: Optional[str] = None) -> list[psutil.Process]:
+        """Processes of `job` (default: of every job): job steps and all they started, which
+        inherit SLURM_CONF and SLURM_JOB_ID; never the daemons."""
         daemons = {p.pid for _, p in self.daemons.procs}
-        return [p for p in processes_with_env("SLURM_CONF", str(self.conf)) if p.pid not in daemons]
+        found = [p for p in processes_with_env("SLURM_CONF", str(self.conf)) if p.pid not in daemons]
+        if job is None:
+            return found
+        return [p for p in found if _environ(p).get("SLURM_JOB_ID") == job]
 
-    def cancel_all(self, timeout: float = 30) -> None:
-        """scancel every job and wait until no job process is left."""
-        self.run("scancel", "--full", "--user", "root", check=False)
+    def cancel(self, jobs: Optional[list[str]] = None, timeout: float = 30) -> None:
+        """scancel `jobs` (default: all) and wait until none of their processes is left."""
+        if jobs is not None and not jobs:
+            return
+        self.run("scancel", "--full", *(jobs or ["--user", "root"]), check=False)
+        left = lambda: [p for j in (jobs or [None]) for p in self.job_processes(j)]  # noqa: E731
         try:
-            poll(lambda: not self.job_processes(), timeout, "job processes to exit")
+            poll(lambda: not left(), timeout, "job processes to exit")
         finally:
-            for p in self.job_processes():  # jobs that ignored the cancel: by pid, not by name
+            for p in left():  # jobs that ignored the cancel: by pid, not by name
                 p.kill()
 
     def stop(self) -> None:
         try:
             if self.daemons.alive():
-                self.cancel_all()
+                self.cancel()
                 self.run("scontrol", "shutdown", check=False)
                 for name in ("slurmd", "slurmctld"):
                     for n, p in self.daemons.procs:
