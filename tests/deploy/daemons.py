@@ -116,6 +116,8 @@ def processes_with_env(name: str, value: str) -> list[psutil.Process]:
 # Final job states: nothing changes after them (a requeue goes through PENDING instead).
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL", "DEADLINE")
 
+# KillWait=30 (Slurm's default; the recipe's 5 s): a requeued job's supervisor has that long
+# for the preempt checkpoint before SIGKILL, which a loaded 2-core box can need.
 SLURM_CONF = """\
 ClusterName=rrtest
 SlurmctldHost={host}(127.0.0.1)
@@ -139,7 +141,7 @@ MpiDefault=none
 MailProg=/bin/true
 ReturnToService=2
 JobRequeue=1
-KillWait=5
+KillWait=30
 MinJobAge=600
 AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none

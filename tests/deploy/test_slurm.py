@@ -7,9 +7,11 @@ with the final weights of an uninterrupted run, bit for bit, whatever Slurm did 
 from __future__ import annotations
 
 import json
+import math
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -53,8 +55,12 @@ def finished(slurm: Slurm, job: str, log: Path, timeout: float = 120) -> dict:
 def requeued(slurm: Slurm, job: str, time_limit: str = "") -> None:
     """Wait for the requeue, then let the job start again at once (it would wait ~120 s for BeginTime)."""
     slurm.wait_job(job, lambda j: j["JobState"] == "PENDING" and j["Restarts"] == "1", 90, "to be requeued")
+    requeued_at = time.time()
     # The first allocation's processes are gone before the second starts (same run dir).
-    wait_until(lambda: not slurm.job_processes(job), 30, what="the first allocation's processes to exit")
+    wait_until(lambda: not slurm.job_processes(job), 60, what="the first allocation's processes to exit")
+    # slurmd revokes the first allocation's credential with a 1 s timestamp and refuses ("Job
+    # credential revoked") a new one issued in the same second; there is no event to wait on.
+    time.sleep(max(0.0, math.floor(requeued_at) + 2 - time.time()))
     slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now", *([f"TimeLimit={time_limit}"] if time_limit else []))
 
 
