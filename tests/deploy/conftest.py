@@ -14,32 +14,31 @@ import pytest
 from .daemons import APT_HINT, PROMETHEUS_TOOLS, SLURM_TOOLS, Prometheus, Slurm, missing
 
 
-@pytest.fixture(scope="session")
-def slurm(request) -> Iterator[Slurm]:
-    absent = missing(SLURM_TOOLS)
+def _started(request, service_type, tools: tuple[str, ...], what: str):
+    absent = missing(tools)
     if absent:
-        pytest.skip(f"Slurm/munge not installed ({', '.join(absent)} missing): {APT_HINT}")
-    cluster = Slurm()
-    request.addfinalizer(lambda: _stopped(cluster))
-    yield cluster.start()
+        pytest.skip(f"{what} not installed ({', '.join(absent)} missing): {APT_HINT}")
+    service = service_type()
+    request.addfinalizer(lambda: _stopped(service))
+    return service.start()
+
+
+@pytest.fixture(scope="session")
+def slurm(request) -> Slurm:
+    return _started(request, Slurm, SLURM_TOOLS, "Slurm/munge")
 
 
 @pytest.fixture
 def slurm_jobs(slurm: Slurm) -> Iterator[Slurm]:
-    """The cluster, with every job of the test cancelled (and its processes gone) afterwards."""
+    """The cluster, with every job the test submitted cancelled (and its processes gone) afterwards."""
     before = len(slurm.submitted)
     yield slurm
     slurm.cancel(slurm.submitted[before:])
 
 
 @pytest.fixture(scope="session")
-def prometheus(request) -> Iterator[Prometheus]:
-    absent = missing(PROMETHEUS_TOOLS)
-    if absent:
-        pytest.skip(f"Prometheus not installed ({', '.join(absent)} missing): {APT_HINT}")
-    server = Prometheus()
-    request.addfinalizer(lambda: _stopped(server))
-    yield server.start()
+def prometheus(request) -> Prometheus:
+    return _started(request, Prometheus, PROMETHEUS_TOOLS, "Prometheus")
 
 
 def _stopped(service) -> None:
