@@ -14,10 +14,11 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
-from tests.conftest import JOBS, PYTHON, REPO
+from tests.conftest import PYTHON, REPO
 from tests.faults.common import TOY, assert_bit_exact, current_trainer, reference
 from tests.supervisor.helpers import ended_kinds, events, heartbeat, sup_env, wait_until
 
@@ -158,15 +159,22 @@ runpy.run_path({toy!r}, run_name="__main__")
 
 
 @pytest.fixture(scope="module", autouse=True)
-def time_limit_job(slurm: Slurm, tmp_path_factory) -> Iterator[tuple[str, Path, Path, Path]]:
+def time_limit_job(request, tmp_path_factory) -> Iterator[Optional[tuple[str, Path, Path, Path]]]:
     """Submitted first and checked last: the 8-38 s until USR1 overlap the other tests of this
-    module (the job idles; the node has a CPU for each)."""
+    module (the job idles; the node has a CPU for each). Not submitted when that test is deselected."""
+    if not any(item.originalname == TIME_LIMIT_TEST for item in request.session.items):
+        yield None
+        return
+    slurm: Slurm = request.getfixturevalue("slurm")
     tmp = tmp_path_factory.mktemp("time-limit")
     train = tmp / "slow_first.py"
     train.write_text(SLOW_FIRST_ALLOCATION.format(toy=TOY))
     job, rd, log = submit(slurm, tmp, "--time=1", f"--signal=B:USR1@{USR1_BEFORE_LIMIT}", train=str(train))
     yield job, rd, log, tmp
     slurm.cancel([job])
+
+
+TIME_LIMIT_TEST = "test_time_limit_usr1_stops_requeues_and_the_rerun_resumes_exact"
 
 
 def test_time_limit_usr1_stops_requeues_and_the_rerun_resumes_exact(slurm: Slurm, time_limit_job):
