@@ -1,6 +1,6 @@
 """deploy/slurm/*.sbatch on a real one-node Slurm cluster (tests/deploy/conftest.py).
 
-Each job trains tests/jobs/toy_train.py (or ddp_train.py) under the real supervisor and must end
+Each job trains tests/jobs/toy_train.py under the real supervisor and must end
 with the final weights of an uninterrupted run, bit for bit, whatever Slurm did to it.
 """
 
@@ -73,7 +73,7 @@ def assert_preempt_checkpoint(rd: Path) -> None:
 
 def test_scontrol_requeue_stops_with_a_checkpoint_and_the_rerun_resumes_exact(slurm_jobs: Slurm, tmp_path: Path):
     job, rd, log = submit(slurm_jobs, tmp_path, train_args=(*TOY_ARGS, "--step-sleep", "0.1"))
-    wait_until(lambda: step(rd) >= 8, 90, what=f"training under Slurm\n{slurm_jobs.logs()}")
+    wait_until(lambda: step(rd) >= 8, 90, what="training under Slurm")
     slurm_jobs.run("scontrol", "requeue", job)
     requeued(slurm_jobs, job)
     assert ended_kinds(rd) == ["preempted"]
@@ -89,7 +89,7 @@ def test_scontrol_requeue_stops_with_a_checkpoint_and_the_rerun_resumes_exact(sl
 
 def test_kill_9_of_the_trainer_restarts_it_in_place_without_a_requeue(slurm_jobs: Slurm, tmp_path: Path):
     job, rd, log = submit(slurm_jobs, tmp_path, train_args=(*TOY_ARGS, "--step-sleep", "0.1"))
-    wait_until(lambda: step(rd) >= 6, 90, what=f"training under Slurm\n{slurm_jobs.logs()}")
+    wait_until(lambda: step(rd) >= 6, 90, what="training under Slurm")
     trainer = wait_until(lambda: current_trainer(rd), 10, what="the trainer's pid")
     trainer.send_signal(signal.SIGKILL)
     j = finished(slurm_jobs, job, log)
@@ -131,7 +131,7 @@ def test_multinode_script_on_one_node_stops_requeues_and_resumes_exact(slurm_job
     sends it: the trap stops the supervisors through srun, and the script requeues the job."""
     job, rd, log = submit(slurm_jobs, tmp_path, "--nodes=1", script=MULTINODE,
                           train_args=(*TOY_ARGS, "--step-sleep", "0.1"), NPROC_PER_NODE="1")
-    wait_until(lambda: step(rd) >= 8, 90, what=f"training under Slurm\n{slurm_jobs.logs()}")
+    wait_until(lambda: step(rd) >= 8, 90, what="training under Slurm")
     slurm_jobs.run("scancel", "--batch", "--signal=USR1", job)
     requeued(slurm_jobs, job)
     out = log.read_text()
