@@ -11,7 +11,8 @@ import yaml
 
 from tests.conftest import REPO
 from tests.faults.common import TOY
-from tests.supervisor.helpers import ended_kinds, run_cli, sup_env
+from tests.supervisor.helpers import run_cli, sup_env
+from tests.support import ended_kinds
 
 from .daemons import PROMETHEUS_TOOLS, Prometheus, missing, poll
 

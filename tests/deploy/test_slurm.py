@@ -20,7 +20,8 @@ import pytest
 
 from tests.conftest import PYTHON, REPO
 from tests.faults.common import TOY, assert_bit_exact, current_trainer, reference
-from tests.supervisor.helpers import ended_kinds, events, heartbeat, sup_env, wait_until
+from tests.supervisor.helpers import sup_env
+from tests.support import ended_kinds, events, heartbeat, wait_until
 
 from .daemons import ENDED, Slurm
 
@@ -72,8 +73,8 @@ def assert_preempt_checkpoint(rd: Path) -> None:
 
 
 def test_scontrol_requeue_stops_with_a_checkpoint_and_the_rerun_resumes_exact(slurm_jobs: Slurm, tmp_path: Path):
-    job, rd, log = submit(slurm_jobs, tmp_path, train_args=(*TOY_ARGS, "--step-sleep", "0.1"))
-    wait_until(lambda: step(rd) >= 8, 90, what="training under Slurm")
+    job, rd, log = submit(slurm_jobs, tmp_path, train_args=(*TOY_ARGS, "--step-sleep", "0.05"))
+    wait_until(lambda: step(rd) >= 5, 90, what="training under Slurm")
     slurm_jobs.run("scontrol", "requeue", job)
     requeued(slurm_jobs, job)
     assert ended_kinds(rd) == ["preempted"]
@@ -88,8 +89,8 @@ def test_scontrol_requeue_stops_with_a_checkpoint_and_the_rerun_resumes_exact(sl
 
 
 def test_kill_9_of_the_trainer_restarts_it_in_place_without_a_requeue(slurm_jobs: Slurm, tmp_path: Path):
-    job, rd, log = submit(slurm_jobs, tmp_path, train_args=(*TOY_ARGS, "--step-sleep", "0.1"))
-    wait_until(lambda: step(rd) >= 6, 90, what="training under Slurm")
+    job, rd, log = submit(slurm_jobs, tmp_path, train_args=(*TOY_ARGS, "--step-sleep", "0.05"))
+    wait_until(lambda: step(rd) >= 5, 90, what="training under Slurm")
     trainer = wait_until(lambda: current_trainer(rd), 10, what="the trainer's pid")
     trainer.send_signal(signal.SIGKILL)
     j = finished(slurm_jobs, job, log)
@@ -130,8 +131,8 @@ def test_multinode_script_on_one_node_stops_requeues_and_resumes_exact(slurm_job
     """--nodes=1 (torchrun --standalone under srun); USR1 to the batch shell, as the time limit
     sends it: the trap stops the supervisors through srun, and the script requeues the job."""
     job, rd, log = submit(slurm_jobs, tmp_path, "--nodes=1", script=MULTINODE,
-                          train_args=(*TOY_ARGS, "--step-sleep", "0.1"), NPROC_PER_NODE="1")
-    wait_until(lambda: step(rd) >= 8, 90, what="training under Slurm")
+                          train_args=(*TOY_ARGS, "--step-sleep", "0.05"), NPROC_PER_NODE="1")
+    wait_until(lambda: step(rd) >= 5, 90, what="training under Slurm")
     slurm_jobs.run("scancel", "--batch", "--signal=USR1", job)
     requeued(slurm_jobs, job)
     out = log.read_text()
