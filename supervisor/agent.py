@@ -19,7 +19,6 @@ from typing import Any, Optional
 import psutil
 
 from trainer_shim import rundir as rd_mod
-from trainer_shim.contract_f16 import EVENT_POLICY_APPLIED
 from trainer_shim.rundir import (
     ENV_ATTEMPT, ENV_LAST_FAILURE, ENV_NODE, ENV_RESUME_FROM, ENV_RUN_DIR, RESUME_NONE, ContractError, RunDir,
     append_event, atomic_write_json, checkpoint_roots, newest_valid, now_iso, read_events, read_json,
@@ -626,7 +625,7 @@ class Supervisor:
             if path not in self.poisoned:
                 self.poisoned.add(path)
                 say(f"checkpoint rejected: {path}: {POISONED}: {j.poison_reason}")
-                self._emit("checkpoint_rejected", path=path, reason=f"{POISONED}: {j.poison_reason}")
+                self._emit("checkpoint_rejected", path=path, reason=f"{POISONED}: {j.poison_reason}", poisoned=True)
         if j.poison:
             self.policy.no_progress = 0   # the fallback is this failure's answer; no second crash-loop poisoning
         if j.give_up is None:
@@ -641,7 +640,7 @@ class Supervisor:
         if fields is None:
             return
         self._discard_standby()   # it was started with the old argv
-        self._emit(EVENT_POLICY_APPLIED, **fields)
+        self._emit(rd_mod.Event.POLICY_APPLIED.value, **fields)
         say(f"policy for {kind.value}: next attempt with " + " ".join(
             [f"{k}={v}" for k, v in fields["env"].items()] + fields["args"]))
 

@@ -7,7 +7,7 @@ import enum
 import signal
 from typing import Optional
 
-from trainer_shim.contract_f16 import DIVERGED_ERROR_TYPE, EXIT_DIVERGED, KIND_DIVERGED
+from trainer_shim.rundir import DIVERGED_ERROR_TYPE, EXIT_DIVERGED, KIND_DIVERGED
 from trainer_shim.rundir import EXIT_PREEMPTED
 
 __all__ = ["Kind", "AttemptFacts", "classify"]

@@ -24,7 +24,7 @@ import difflib
 import re
 from typing import Any, Mapping, Optional, Sequence
 
-from trainer_shim.contract_f16 import KIND_DIVERGED
+from trainer_shim.rundir import KIND_DIVERGED
 
 from .classify import Kind
 from .errors import ConfigError

@@ -19,7 +19,7 @@ import math
 from collections import deque
 from typing import Optional
 
-from trainer_shim.contract_f16 import LEARNED_TIMEOUTS_FILE
+from trainer_shim.rundir import LEARNED_TIMEOUTS_FILE
 from trainer_shim.rundir import ContractError, RunDir, atomic_write_json, read_json
 
 __all__ = ["FACTOR", "MIN_SAMPLES", "KEEP", "Limit", "TimeoutLearner", "p99"]

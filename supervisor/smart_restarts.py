@@ -10,7 +10,7 @@ import dataclasses
 from pathlib import Path
 from typing import Mapping, Optional
 
-from trainer_shim.contract_f16 import DIVERGED_REASON, ENV_STRICT_RESUME, RESUME_REFUSED_ERROR_TYPE
+from trainer_shim.rundir import DIVERGED_REASON, ENV_STRICT_RESUME, RESUME_REFUSED_ERROR_TYPE
 from trainer_shim.rundir import MANIFEST_NAME
 
 from .classify import Kind

@@ -10,7 +10,7 @@ import torch
 from supervisor.classify import AttemptFacts, Kind, classify
 from supervisor.divergence import DivergenceTracker
 from tests.conftest import JOBS, PYTHON
-from trainer_shim.contract_f16 import EXIT_DIVERGED
+from trainer_shim.rundir import EXIT_DIVERGED
 
 from .helpers import ended_kinds, events, run_cli, sup_env
 
