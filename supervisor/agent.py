@@ -34,6 +34,8 @@ from .heartbeat import HeartbeatEvents, HeartbeatMonitor, allowance
 from .metrics import MetricsSnapshot, disk_free_bytes, write_textfile
 from .notify import Notifier, child_environ
 from .policy import Action, RestartPolicy
+from .learned_timeout import TimeoutLearner
+from .smart_restarts import SmartRestarts, newer_checkpoints
 
 __all__ = ["State", "AttemptResult", "Supervisor", "say"]
 
@@ -127,6 +129,8 @@ class Supervisor:
             rendezvous_window=max(allowance(p.value, config) for p in rd_mod.Phase) + STACK_DUMP_WAIT + config.grace_period,
         )
         self.notifier = Notifier.from_env()
+        self.smart = SmartRestarts(config)   # divergence fallback, per-kind budgets, policy actions
+        self.learner = TimeoutLearner(self.rd, config.heartbeat_timeout_floor) if config.heartbeat_timeout_auto else None
         self.attempt: Optional[_Attempt] = None
         self._standby: Optional[_Standby] = None
         self.attempt_no = 0
@@ -352,6 +356,8 @@ class Supervisor:
             self._flush_writes()
         if now - self._last_metrics >= METRICS_EVERY:
             self._write_metrics()
+        if self.learner is not None:
+            self.learner.save(now, force=self.attempt is None)
 
     def _watch(self, now: float) -> None:
         a = self.attempt
@@ -423,7 +429,7 @@ class Supervisor:
 
     def _base_env(self) -> dict[str, str]:
         env = child_environ(os.environ)
-        env.update(self.config.env_dict)
+        env.update(self.smart.attempt_env(self.config.env_dict))
         env.setdefault("PYTHONUNBUFFERED", "1")
         return env
 
@@ -471,7 +477,7 @@ class Supervisor:
         else:
             n = self._next_log_number()
             log_path = self.rd.attempt_log(n)
-            child = procs.spawn(self.config.command, env=self._attempt_env(n, chosen), cwd=self.config.working_dir,
+            child = procs.spawn(self.smart.command, env=self._attempt_env(n, chosen), cwd=self.config.working_dir,
                                 log_path=log_path, cgroup_procs=self._cgroup.procs_file if self._cgroup else None)
             if child.log_file is None:
                 say(f"cannot write {log_path}; the child's output goes to the terminal only")
@@ -480,11 +486,11 @@ class Supervisor:
         now = time.monotonic()
         self.attempt = _Attempt(
             number=n, child=child, chosen=chosen, started=now,
-            monitor=HeartbeatMonitor(self.rd, n, self.config, now), kernel_log=kernel_log, oom_base=oom_base,
+            monitor=HeartbeatMonitor(self.rd, n, self.config, now, self.learner), kernel_log=kernel_log, oom_base=oom_base,
             seen={p.pid: p for p in procs.tree(child.pid)}, last_scan=now, resumed_from=chosen,
         )
         self.state = State.RUNNING
-        self._emit("attempt_started", pid=child.pid, resume_from=chosen, command=list(self.config.command),
+        self._emit("attempt_started", pid=child.pid, resume_from=chosen, command=list(self.smart.command),
                    prestarted=sb is not None)
         self._write_state()
         say(f"attempt {n} started (pid {child.pid}), " + (f"resuming from {chosen}" if chosen else "starting fresh"))
@@ -494,7 +500,7 @@ class Supervisor:
 
     def _prestart(self) -> None:
         """Start the next attempt's torchrun now, so that a restart does not wait for its imports."""
-        argv = standby_command(self.config.command) if self.config.prestart else None
+        argv = standby_command(self.smart.command) if self.config.prestart else None
         if argv is None or self._standby is not None or self.stop_requested or self.exit_code is not None:
             return
         n = self._next_log_number()
@@ -560,6 +566,8 @@ class Supervisor:
         say(f"attempt {result.attempt} ended: {result.kind.value} ({result.evidence})")
         # Under torchrun the rank's own exit code (e.g. 2: a configuration error) decides, not torchrun's 1.
         code = result.rank_exit_code if result.rank_exit_code is not None else result.exit_code
+        if result.kind is not Kind.SUCCESS and not self.stop_requested and self._judge_smart(result):
+            return
         decision = self.policy.decide(result.kind, code, progressed=result.progressed,
                                       resumed_from=result.resumed_from, stop_requested=self.stop_requested,
                                       now=time.monotonic())
@@ -580,6 +588,7 @@ class Supervisor:
             self._finish(State.FAILED, EXIT_GAVE_UP)
             say(f"giving up: {decision.reason}")
         else:
+            self._apply_policy(result.kind)
             if decision.poison:
                 self.poisoned.add(decision.poison)
                 reason = (f"{POISONED}: {self.config.crash_loop_attempts} attempts in a row resumed from it "
@@ -600,6 +609,40 @@ class Supervisor:
             self._write_state()
             say(f"restarting in {decision.delay_s:g}s from " + (resume or "scratch"))
             self.notifier.status(self._status_line())
+
+    def _judge_smart(self, result: AttemptResult) -> bool:
+        """Divergence fallback and per-kind budgets (issue 16); True when the supervisor gave up."""
+        err = self._attempt_error(result.attempt, ())
+        resumed_step = rd_mod.parse_checkpoint_name(Path(result.resumed_from).name) if result.resumed_from else None
+        j = self.smart.judge(
+            result.kind, failures_of_kind=self.failures[result.kind.value],
+            diverged_step=err.get("step") if err and isinstance(err.get("step"), int) else result.step,
+            resumed_from=result.resumed_from, resumed_step=resumed_step,
+            newer=newer_checkpoints(rd_mod.iter_checkpoint_dirs(checkpoint_roots(self.rd)), resumed_step,
+                                    since=time.time() - result.duration_s - 1.0)
+            if result.kind is Kind.DIVERGED else (), error_type=err.get("type") if err else None)
+        for path in j.poison:
+            if path not in self.poisoned:
+                self.poisoned.add(path)
+                say(f"checkpoint rejected: {path}: {POISONED}: {j.poison_reason}")
+                self._emit("checkpoint_rejected", path=path, reason=f"{POISONED}: {j.poison_reason}", poisoned=True)
+        if j.poison:
+            self.policy.no_progress = 0   # the fallback is this failure's answer; no second crash-loop poisoning
+        if j.give_up is None:
+            return False
+        self._emit("gave_up", reason=j.give_up, **({"detail": j.detail} if j.detail else {}))
+        self._finish(State.FAILED, EXIT_GAVE_UP)
+        say(f"giving up: {j.give_up}" + (f" ({j.detail})" if j.detail else ""))
+        return True
+
+    def _apply_policy(self, kind: Kind) -> None:
+        fields = self.smart.apply(kind)
+        if fields is None:
+            return
+        self._discard_standby()   # it was started with the old argv
+        self._emit(rd_mod.Event.POLICY_APPLIED.value, **fields)
+        say(f"policy for {kind.value}: next attempt with " + " ".join(
+            [f"{k}={v}" for k, v in fields["env"].items()] + fields["args"]))
 
     def _result(self, a: _Attempt, rc: int) -> AttemptResult:
         evidence: list[str] = []
@@ -730,6 +773,7 @@ class Supervisor:
             failures_by_kind=dict(self.failures), heartbeat_age_s=hb_age,
             global_step=hb.get("step") if hb else None, last_checkpoint_step=latest.step if latest else None,
             last_checkpoint_age_s=ckpt_age, disk_free_bytes=free,
+            save_interval_s=hb.get("save_interval_s") if hb else None,
         )
         try:
             write_textfile(self.rd, snap, self.config.metrics_textfile_dir)

@@ -7,6 +7,7 @@ import enum
 import signal
 from typing import Optional
 
+from trainer_shim.rundir import DIVERGED_ERROR_TYPE, EXIT_DIVERGED, KIND_DIVERGED
 from trainer_shim.rundir import EXIT_PREEMPTED
 
 __all__ = ["Kind", "AttemptFacts", "classify"]
@@ -24,6 +25,7 @@ class Kind(str, enum.Enum):
     CRASH = "crash"                  # non-zero exit, Python exception
     SIGNAL = "signal"                # killed by a signal, no OOM evidence
     RENDEZVOUS = "rendezvous"        # torchrun never joined its peers; no rank ran
+    DIVERGED = KIND_DIVERGED         # the shim saw a non-finite loss and exited EXIT_DIVERGED unsaved
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +79,8 @@ def classify(f: AttemptFacts) -> tuple[Kind, str]:
     if f.ranks_stopped and f.returncode is not None and f.returncode > 0:
         # torchrun, itself SIGTERMed, exits 1 even when every rank saved and exited 75.
         return Kind.PREEMPTED, f"exit code {f.exit_code} from torchrun; {f.ranks_stopped}"
+    if f.returncode == EXIT_DIVERGED or (f.error and f.error.get("type") == DIVERGED_ERROR_TYPE):
+        return Kind.DIVERGED, f"exit code {f.exit_code}; " + str((f.error or {}).get("message", "non-finite loss"))[:200]
     if _is_cuda_oom(f.error):
         return Kind.CUDA_OOM, f"{f.error.get('type')}: {str(f.error.get('message', ''))[:200]}"  # type: ignore[union-attr]
     if f.oom_evidence:

@@ -20,7 +20,7 @@ from .status import list_checkpoints, lock_holder, open_run_dir, read_status, su
 
 __all__ = ["app", "main", "resolve_job"]
 
-COMMANDS = ("run", "status", "checkpoints", "stop")
+COMMANDS = ("run", "status", "checkpoints", "stop", "export")
 
 app = typer.Typer(
     add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
@@ -79,7 +79,8 @@ def run(
     config: Optional[Path] = typer.Option(None, "--config", help="YAML job file (same names in snake_case; flags win)."),
     max_restarts: Optional[int] = typer.Option(None, "--max-restarts", help=f"Restarts before giving up (default {DEFAULTS.max_restarts})."),
     backoff: Optional[float] = typer.Option(None, "--backoff", help=f"First restart delay in seconds, doubling up to {DEFAULTS.backoff_max:g}; 0 restarts at once (default {DEFAULTS.backoff:g})."),
-    heartbeat_timeout: Optional[float] = typer.Option(None, "--heartbeat-timeout", help=f"Seconds without a heartbeat change before a hang (default {DEFAULTS.heartbeat_timeout:g})."),
+    heartbeat_timeout: Optional[str] = typer.Option(None, "--heartbeat-timeout", help=f"Seconds without a heartbeat change before a hang (default {DEFAULTS.heartbeat_timeout:g}), or `auto`: per phase max(floor, 5 x p99 of the intervals seen)."),
+    heartbeat_timeout_floor: Optional[float] = typer.Option(None, "--heartbeat-timeout-floor", help=f"Lower bound of a learned (auto) heartbeat timeout (default {DEFAULTS.heartbeat_timeout_floor:g})."),
     startup_timeout: Optional[float] = typer.Option(None, "--startup-timeout", help=f"Seconds from spawn to first heartbeat (default {DEFAULTS.startup_timeout:g})."),
     save_timeout: Optional[float] = typer.Option(None, "--save-timeout", help=f"Seconds a save may go without progress (default {DEFAULTS.save_timeout:g})."),
     grace_period: Optional[float] = typer.Option(None, "--grace-period", help=f"Seconds from SIGTERM to SIGKILL (default {DEFAULTS.grace_period:g})."),
@@ -91,6 +92,8 @@ def run(
     node_rank: Optional[int] = typer.Option(None, "--node-rank", help="This node's rank, 0..nnodes-1."),
     rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint", help="HOST:PORT of the c10d rendezvous, the same on every node."),
     prestart: Optional[bool] = typer.Option(None, "--prestart/--no-prestart", help="torchrun jobs: import the next attempt's launcher ahead of a restart (default on; ~250 MB idle)."),
+    divergence_window: Optional[int] = typer.Option(None, "--divergence-window", help=f"A job that diverges (non-finite loss) within this many steps of its resume condemns that checkpoint (default {DEFAULTS.divergence_window})."),
+    strict_resume: Optional[bool] = typer.Option(None, "--strict-resume/--no-strict-resume", help="Refuse (exit 2, not retried) to resume a checkpoint whose git commit, dirty state or arguments differ (default: warn)."),
 ) -> None:
     """Run SCRIPT.py (under this Python) or `-- COMMAND` and keep it alive until it succeeds."""
     from .agent import Supervisor  # imported here so `status` stays quick
@@ -105,7 +108,7 @@ def run(
         "grace_period": grace_period, "memory_limit": memory_limit, "no_restart_exit_codes": no_restart_exit_codes,
         "working_dir": str(working_dir) if working_dir else None,
         "nproc_per_node": nproc_per_node, "nnodes": nnodes, "node_rank": node_rank, "rdzv_endpoint": rdzv_endpoint,
-        "prestart": prestart,
+        "prestart": prestart, "heartbeat_timeout_floor": heartbeat_timeout_floor, "divergence_window": divergence_window, "strict_resume": strict_resume,
     }
     cfg: Config = build_config(file_values, cli_values)
     if not tokens and cfg.script and not os.path.isfile(cfg.script):
@@ -156,7 +159,7 @@ def _status_table(rep, title: str):  # noqa: ANN001, ANN202 - rich objects
         ("last failure", f"{lf['kind']} (attempt {lf['attempt']}, {lf['at']})" if lf else "-"),
         ("latest checkpoint", f"{Path(ck['path']).name} (step {ck['step']}, {_fmt_age(rep.checkpoint_age_s)} ago)" if ck else "-"),
         ("disk free", _fmt_bytes(rep.disk_free_bytes)),
-    ]
+    ] + ([("save interval", f"{_fmt_age(rep.save_interval_s)} (auto)")] if rep.save_interval_s is not None else [])
     for k, v in rows:
         t.add_row(k, v)
     return t
@@ -306,6 +309,21 @@ def _stop_one(rd, timeout: Optional[float], wait: bool) -> int:  # noqa: ANN001
     final = read_status(rd)
     _say(f"stopped {where}: state {final.state}" + (f", latest checkpoint {final.latest_checkpoint['path']}" if final.latest_checkpoint else ""))
     return EXIT_OK
+
+
+@app.command("export")
+def export_cmd(
+    ckpt_dir: Path = typer.Argument(..., metavar="CKPT_DIR", help="A checkpoint dir (or a run dir: its newest valid checkpoint)."),
+    out: Path = typer.Argument(..., metavar="OUT", help="Output file."),
+    fmt: str = typer.Option("torch", "--format", help="torch or safetensors."),
+    model_only: bool = typer.Option(False, "--model-only", help="Only the model's state dict."),
+) -> None:
+    """Verify a checkpoint's digests and write it as one file (a sharded DCP checkpoint is consolidated)."""
+    from .export import export_checkpoint
+
+    summary = export_checkpoint(ckpt_dir, out, fmt, model_only)
+    _say(f"exported {ckpt_dir} to {out}" + (f" ({summary})" if summary else ""))
+    raise typer.Exit(EXIT_OK)
 
 
 def main(argv: Optional[list[str]] = None) -> None:

@@ -34,6 +34,8 @@ class Config:
     backoff: float = 1.0              # first delay; doubles; reset after progress; 0 = at once
     backoff_max: float = 60.0
     heartbeat_timeout: float = 600.0
+    heartbeat_timeout_auto: bool = False  # `--heartbeat-timeout auto`: learn per-phase limits (configured ones until then)
+    heartbeat_timeout_floor: float = 60.0  # a learned limit is never below this
     startup_timeout: float = 900.0    # spawn to first heartbeat (and allowance of phase `starting`)
     save_timeout: float = 1800.0      # allowance of phase `saving` without progress
     grace_period: float = 30.0        # SIGTERM to SIGKILL
@@ -48,6 +50,9 @@ class Config:
     node_rank: Optional[int] = None
     rdzv_endpoint: Optional[str] = None
     prestart: bool = True             # torchrun jobs: start the next attempt's launcher ahead of need
+    divergence_window: int = 200      # a `diverged` attempt this many steps after its resume poisons that checkpoint
+    strict_resume: bool = False       # a provenance mismatch on resume is an exit-2 refusal, not a warning
+    policy: tuple = ()                # failure_policy.KindRule per failure kind (the YAML `policy:` section)
 
     @property
     def env_dict(self) -> dict[str, str]:
@@ -125,19 +130,25 @@ def _validate(values: dict[str, Any], source: str) -> dict[str, Any]:
         if value is None:
             continue
         try:
-            if key in ("max_restarts", "crash_loop_attempts", "nproc_per_node", "nnodes", "node_rank"):
+            if key in ("max_restarts", "crash_loop_attempts", "nproc_per_node", "nnodes", "node_rank", "divergence_window"):
                 out[key] = int(_number(key, value, integer=True, minimum=1 if key in ("crash_loop_attempts", "nproc_per_node", "nnodes") else 0))
             elif key in ("backoff", "backoff_max", "grace_period"):
                 out[key] = float(_number(key, value))
-            elif key in ("heartbeat_timeout", "startup_timeout", "save_timeout"):
+            elif key == "heartbeat_timeout" and str(value).strip().lower() == "auto":
+                out["heartbeat_timeout_auto"] = True
+            elif key in ("heartbeat_timeout", "startup_timeout", "save_timeout", "heartbeat_timeout_floor"):
                 n = float(_number(key, value))
                 if n <= 0:
                     raise ConfigError(f"{key}: must be > 0 seconds, got {value!r}")
                 out[key] = n
-            elif key == "prestart":
+            elif key in ("prestart", "strict_resume", "heartbeat_timeout_auto"):
                 if not isinstance(value, bool):
-                    raise ConfigError(f"prestart: expected true or false, got {value!r}")
+                    raise ConfigError(f"{key}: expected true or false, got {value!r}")
                 out[key] = value
+            elif key == "policy":
+                from .failure_policy import parse_policy
+
+                out[key] = value if isinstance(value, tuple) else parse_policy(value)
             elif key == "memory_limit":
                 out[key] = parse_size(value, key)
             elif key == "no_restart_exit_codes":
@@ -252,4 +263,11 @@ def build_config(file_values: dict[str, Any], cli_values: dict[str, Any]) -> Con
         _adopt_torchrun(merged)
     elif not command:
         raise ConfigError("no job given: pass SCRIPT.py, or `-- COMMAND ...`, or set script/command in the config")
+    if merged.get("policy"):
+        from .failure_policy import check_templates
+
+        check_templates(merged["policy"], merged["command"])
+        if merged.get("strict_resume") and any(r.args for r in merged["policy"]):
+            raise ConfigError("strict_resume refuses a resume whose arguments changed, so policy `args` actions would "
+                              "stop the job; drop one of them")
     return Config(**merged)

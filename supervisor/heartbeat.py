@@ -51,9 +51,10 @@ class HeartbeatMonitor:
     mtime are never trusted, so clock jumps on either side cannot fake a hang or hide one.
     """
 
-    def __init__(self, run_dir: RunDir, attempt: int, config: Config, spawned_at: float) -> None:
+    def __init__(self, run_dir: RunDir, attempt: int, config: Config, spawned_at: float, learner: Any = None) -> None:
         self.run_dir, self.attempt, self.config, self.spawned_at = run_dir, attempt, config, spawned_at
         self.tracks: dict[int, _Track] = {}
+        self.learner = learner   # learned_timeout.TimeoutLearner under --heartbeat-timeout auto
 
     def observe(self, now: float) -> None:
         """Read every rank's heartbeat and note which changed since the last look."""
@@ -71,6 +72,8 @@ class HeartbeatMonitor:
             key = (hb.get("pid"), hb.get("seq"), hb.get("step"), hb.get("phase"), hb.get("save_bytes"))
             t = self.tracks.get(rank)
             if t is None or t.key != key:
+                if t is not None and self.learner is not None:
+                    self.learner.record(t.record.get("phase"), now - t.changed_at)
                 self.tracks[rank] = _Track(key, now, hb)
 
     @property
@@ -90,17 +93,25 @@ class HeartbeatMonitor:
             # `finished` is judged too: a process that never exits after finish() (a worker
             # join that blocks) must not hold the job forever.
             phase = t.record.get("phase")
-            limit = allowance(phase, self.config)
+            limit, rule = self._limit(phase)
             age = now - t.changed_at
             if age > limit:
-                return Stale("hang", f"rank {rank} heartbeat unchanged for {age:.1f}s (phase {phase}, step {t.record.get('step')}, limit {limit:g}s)", rank)
+                return Stale("hang", f"rank {rank} heartbeat unchanged for {age:.1f}s (phase {phase}, step {t.record.get('step')}, "
+                                     f"limit {limit:g}s{rule})", rank)
         return None
 
     def next_deadline(self, now: float) -> float:
         """When the earliest verdict could change, so the loop can sleep until then."""
         if not self.tracks:
             return self.spawned_at + self.config.startup_timeout
-        return min(t.changed_at + allowance(t.record.get("phase"), self.config) for t in self.tracks.values())
+        return min(t.changed_at + self._limit(t.record.get("phase"))[0] for t in self.tracks.values())
+
+    def _limit(self, phase: Optional[str]) -> tuple[float, str]:
+        """(seconds, how the rule reads in a hang's evidence)."""
+        learned = self.learner.limit(phase) if self.learner is not None else None
+        if learned is not None:
+            return learned.seconds, f", {learned.rule}"
+        return allowance(phase, self.config), ""
 
 
 # A finished write: the shim renames into place; other writers close after writing.

@@ -29,6 +29,7 @@ METRICS: dict[str, tuple[str, str]] = {
     "resilient_run_last_checkpoint_step": ("gauge", "Step of the newest committed checkpoint."),
     "resilient_run_last_checkpoint_age_seconds": ("gauge", "Seconds since the newest checkpoint was committed."),
     "resilient_run_disk_free_bytes": ("gauge", "Free bytes on the run dir's filesystem (for unprivileged users)."),
+    "resilient_run_save_interval_seconds": ("gauge", "The trainer's current automatic (Young/Daly) save interval."),
 }
 
 Number = Union[int, float]
@@ -47,6 +48,7 @@ class MetricsSnapshot:
     last_checkpoint_step: Optional[int]
     last_checkpoint_age_s: Optional[float]
     disk_free_bytes: Optional[int]
+    save_interval_s: Optional[float] = None
 
 
 def _escape_label(value: str) -> str:
@@ -82,6 +84,7 @@ def render(s: MetricsSnapshot) -> str:
         "resilient_run_last_checkpoint_step": [(run, s.last_checkpoint_step)],
         "resilient_run_last_checkpoint_age_seconds": [(run, s.last_checkpoint_age_s)],
         "resilient_run_disk_free_bytes": [(run, s.disk_free_bytes)],
+        "resilient_run_save_interval_seconds": [(run, s.save_interval_s)],
     }
     out = []
     for name, (kind, help_text) in METRICS.items():

@@ -88,6 +88,7 @@ class StatusReport:
     heartbeat_fresh: bool = False
     checkpoint_age_s: Optional[float] = None
     disk_free_bytes: Optional[int] = None
+    save_interval_s: Optional[float] = None   # the shim's current save_every_seconds="auto" interval
 
     @property
     def healthy(self) -> bool:
@@ -95,7 +96,7 @@ class StatusReport:
 
     def to_json(self) -> dict:
         keys = ("state", "supervisor_pid", "child_pid", "attempt", "restarts", "heartbeat_age_s", "step",
-                "epoch", "loss", "last_failure", "latest_checkpoint")
+                "epoch", "loss", "last_failure", "latest_checkpoint", "save_interval_s")
         return {k: getattr(self, k) for k in keys}
 
 
@@ -164,6 +165,7 @@ def read_status(rd: RunDir) -> StatusReport:
         latest_checkpoint={"path": str(latest.path), "step": latest.step} if latest else None,
         phase=hb.get("phase") if hb else None, heartbeat_fresh=fresh,
         checkpoint_age_s=round(ckpt_age, 3) if ckpt_age is not None else None, disk_free_bytes=free,
+        save_interval_s=hb.get("save_interval_s") if hb else None,
     )
 
 

@@ -205,7 +205,7 @@ def _manifest(snap: Snapshot, files: dict[str, FileEntry], meta: dict[str, Any],
         kind=snap.kind, loss=snap.loss, created_at=rundir.now_iso(), files=files, exact=snap.exact,
         torch_version=torch.__version__, python_version=sys.version.split()[0],
         git_commit=meta.get("git_commit"), git_dirty=meta.get("git_dirty"), world_size=world_size,
-        sharded=snap.sharded,
+        sharded=snap.sharded, args_hash=meta.get("args_hash"),
     )
 
 

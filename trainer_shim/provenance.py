@@ -1,13 +1,27 @@
-"""Where the training code came from: the script's path and its git commit (recorded in manifests)."""
+"""Where the training code came from, and whether a resume comes from the same place.
+
+The script's path and git commit/dirty state, and a hash of the script's arguments and config,
+are recorded in every manifest. The args hash covers sys.argv[1:] and the bytes of every argument
+that names an existing config file (.yaml/.yml/.json/.toml/.cfg/.ini), so an edited config file
+counts as a change although the argv is the same. On resume a difference is one warning line and
+a `resume_mismatch` event; with RESILIENT_STRICT_RESUME=1 (`resilient-run --strict-resume`) or
+init(strict_resume=True) it is a refusal: the process exits 2 (not retried by the supervisor)
+before training.
+"""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional, Sequence
 
-__all__ = ["script_path", "git_info"]
+from . import rundir
+from .rundir import ENV_STRICT_RESUME, RESUME_REFUSED_ERROR_TYPE, Event
+
+__all__ = ["script_path", "git_info", "args_hash", "differences", "check_resume", "strict_from_env"]
 
 
 def script_path() -> Optional[Path]:
@@ -37,3 +51,73 @@ def git_info(directory: Optional[Path], timeout: float = 2.0) -> tuple[Optional[
     return commit, dirty
 
 
+CONFIG_SUFFIXES = (".yaml", ".yml", ".json", ".toml", ".cfg", ".ini")
+EXIT_REFUSED = 2
+
+
+def args_hash(argv: Optional[Sequence[str]] = None) -> str:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    h = rundir.new_hasher()
+    h.update(json.dumps(argv).encode())
+    for a in argv:
+        for cand in (a, a.split("=", 1)[-1]):
+            if cand.endswith(CONFIG_SUFFIXES) and os.path.isfile(cand):
+                try:
+                    h.update(Path(cand).read_bytes())
+                except OSError:
+                    pass
+                break
+    return h.hexdigest()
+
+
+def differences(manifest: Any, *, git_commit: Optional[str], git_dirty: Optional[bool], args: Optional[str]) -> dict:
+    """{field: [checkpoint's, now]} for each known-on-both-sides field that differs."""
+    out = {}
+    for name, now in (("git_commit", git_commit), ("git_dirty", git_dirty), ("args_hash", args)):
+        then = getattr(manifest, name, None)
+        if then is not None and now is not None and then != now:
+            out[name] = [then, now]
+    return out
+
+
+def strict_from_env() -> bool:
+    return os.environ.get(ENV_STRICT_RESUME, "") not in ("", "0")
+
+
+def _describe(diff: dict) -> str:
+    parts = []
+    for name, (then, now) in diff.items():
+        if name == "git_commit":
+            parts.append(f"git commit {then[:12]} -> {now[:12]}")
+        elif name == "git_dirty":
+            parts.append(f"working tree {'dirty' if then else 'clean'} -> {'dirty' if now else 'clean'}")
+        else:
+            parts.append("arguments/config changed")
+    return ", ".join(parts)
+
+
+def check_resume(run: Any, path: Path, manifest: Any, strict: bool) -> None:
+    """Warn (or refuse, exit 2) when the resumed checkpoint's provenance differs from this process's."""
+    diff = differences(manifest, git_commit=run.git_commit, git_dirty=run.git_dirty, args=run.args_hash)
+    if not diff:
+        return
+    if run.rank == 0:
+        run._event(Event.RESUME_MISMATCH, path=str(path), differences=diff, strict=strict)
+    what = _describe(diff)
+    if not strict:
+        sys.stderr.write(f"trainer_shim: warning: resuming {path.name} written with different provenance: {what}\n")
+        sys.stderr.flush()
+        return
+    msg = (f"refusing to resume {path}: {what} (--strict-resume); restore the original code/arguments, "
+           "or resume without --strict-resume")
+    efile = run.rd.error_file(run.attempt, run.rank if run.world_size > 1 else 0)
+    try:
+        rundir.atomic_write_json(efile, {"type": RESUME_REFUSED_ERROR_TYPE, "message": msg, "traceback": "",
+                                         "step": manifest.global_step, "time": rundir.now_iso()})
+    except OSError:
+        pass
+    sys.stderr.write(f"trainer_shim: {msg}\n")
+    sys.stderr.flush()
+    run._finished = True
+    run._hb.stop()
+    os._exit(EXIT_REFUSED)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 from . import checkpoint as ckpt
-from . import rng, rundir
+from . import provenance, rng, rundir
 from .errors import CheckpointError, WorldSizeMismatch
 from .loading import sharded_module
 from .rundir import Event
@@ -188,6 +188,4 @@ def _apply(run: Run, path: Path, verify: bool) -> None:
     if reshard and run.rank == 0:
         run._event(Event.CHECKPOINT_RESHARDED, path=str(info.path), from_world_size=m.world_size,
                    to_world_size=run.world_size, batch_in_epoch=k)
-    if m.git_commit and run.git_commit and m.git_commit != run.git_commit:
-        _say(f"warning: checkpoint was written at git commit {m.git_commit[:12]}, "
-             f"the script is now at {run.git_commit[:12]}")
+    provenance.check_resume(run, info.path, m, run.strict_resume)

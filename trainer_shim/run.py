@@ -14,7 +14,8 @@ from types import TracebackType
 from typing import Any, Optional
 
 
-from . import cursor, data, distributed, options, restoring, retention, rng, rundir, saving, signals
+from . import (cursor, data, distributed, divergence, options, provenance, restoring, resume_prompt, retention, rng,
+               rundir, save_interval, saving, signals)
 from .errors import CollectiveTimeout, ConfigError
 from .heartbeat import Heartbeat
 from .loading import LoadResult, load
@@ -43,7 +44,7 @@ class Run:
         extra: Optional[dict[str, Any]] = None,
         run_dir: Optional[os.PathLike | str] = None,
         save_every_steps: Optional[int] = None,
-        save_every_seconds: Optional[float] = None,
+        save_every_seconds: Optional[float | str] = None,
         save_on_epoch_end: bool = True,
         keep_last: int = 3,
         keep_epochs: int = 10,
@@ -55,12 +56,18 @@ class Run:
         collective_timeout: float = 300.0,
         sharded: Optional[bool] = None,
         allow_reshard: Optional[bool] = None,
+        on_nonfinite: str = "raise",
+        resume: str = "auto",
+        strict_resume: bool = False,
+        mtbf_hours: float = save_interval.DEFAULT_MTBF_HOURS,
     ) -> None:
         options.validate(save_every_steps, extra)
+        self.on_nonfinite = divergence.check_mode(on_nonfinite, distributed.env_int("WORLD_SIZE", 1))
         script = script_path()
         try:  # the product env, parsed once; a bad value is a one-line configuration error
             self.env = env = rundir.RunEnv.from_environ(os.environ)
             root = run_dir or env.run_dir or Path("runs") / (script.stem if script else "interactive")
+            root, self.env = resume_prompt.resolve(str(resume), Path(root).absolute(), env, say=_say)
             self.rd = rundir.ensure_run_dir(Path(root).absolute(), env.node)
         except rundir.ContractError as e:
             raise ConfigError(str(e)) from e
@@ -77,7 +84,9 @@ class Run:
         self._hb.write_now()
         self.model, self.optimizer, self.scheduler, self.scaler = model, optimizer, scheduler, scaler
         self.extra: dict[str, Any] = dict(extra or {})
-        self.save_every_steps, self.save_every_seconds = save_every_steps, save_every_seconds
+        self.save_every_steps = save_every_steps
+        self.save_every_seconds, self._auto = save_interval.from_option(save_every_seconds, self.rd, mtbf_hours, self._hb)
+        self.skipped_steps = 0            # on_nonfinite="skip": steps not counted
         self.save_on_epoch_end = save_on_epoch_end
         self.keep_last, self.keep_epochs, self.keep_best = keep_last, keep_epochs, keep_best
         self.fallback_dir = Path(fallback_dir).absolute() if fallback_dir else None
@@ -89,6 +98,8 @@ class Run:
                                               keep_epochs=keep_epochs, keep_best=keep_best)
         self._install_hooks()
         self.git_commit, self.git_dirty = git_info(script.parent if script else None)
+        self.args_hash, self.strict_resume = provenance.args_hash(), bool(strict_resume) or provenance.strict_from_env()
+        self._provenance = {"git_commit": self.git_commit, "git_dirty": self.git_dirty, "args_hash": self.args_hash}
         self.last_failure: Optional[str] = os.environ.get(rundir.ENV_LAST_FAILURE) or None
         self._resume()
 
@@ -218,11 +229,15 @@ class Run:
 
     def step(self, loss: Any = None) -> None:
         """Count one optimizer step: heartbeat when due, checkpoint when due, graceful stop if asked."""
+        if loss is not None:
+            value = loss if type(loss) is float else float(loss)
+            if value - value != 0.0 and self.on_nonfinite != "ignore":  # NaN or +-inf: x - x is NaN for both
+                if divergence.nonfinite(self, value):
+                    return   # on_nonfinite="skip": the step is not counted
+            self.loss = value
         self.global_step += 1
         self._mark.set(self.global_step)
         self.batch_in_epoch = self._yielded if self._stream_epoch == self.epoch else self.batch_in_epoch + 1
-        if loss is not None:
-            self.loss = loss if type(loss) is float else float(loss)
         self._dirty = False
         now = time.monotonic()
         if now - self._hb_last >= self.heartbeat_interval:
@@ -240,6 +255,7 @@ class Run:
         stop, timed = self._group.agree(stop, timed)
         if (every and self.global_step % every == 0) or timed:
             self._save(CheckpointKind.STEP)
+            save_interval.tune(self, time.monotonic() - now)
         if stop:
             self._preempt()
 
@@ -255,7 +271,10 @@ class Run:
 
     def save(self) -> Optional[Path]:
         """Checkpoint now (kind step); returns the checkpoint dir, or None if the save failed."""
-        return self._save(CheckpointKind.STEP)
+        t0 = time.monotonic()
+        path = self._save(CheckpointKind.STEP)
+        save_interval.tune(self, time.monotonic() - t0)
+        return path
 
     def finish(self) -> None:
         """Final checkpoint and the `finished` heartbeat; the run dir is left ready for inspection."""

@@ -219,7 +219,7 @@ def _finish(run: Run, tmp: Path, snap: ckpt.Snapshot, reports: list, referenced:
         try:
             final, manifest = ckpt.commit_members(
                 tmp.parent, tmp, snap, files, world_size=run._group.world_size,
-                meta={"git_commit": run.git_commit, "git_dirty": run.git_dirty})
+                meta=run._provenance)
             outcome = Outcome(final, committed=True, nbytes=sum(sz for sz, _ in files.values()))
             run._retention.add(final, manifest)
             run._retention.rotate()
@@ -253,7 +253,7 @@ def write_alone(run: Run, snap: ckpt.Snapshot) -> Outcome:
             continue
         try:
             path, manifest, nbytes = ckpt.write_checkpoint(
-                root, snap, meta={"git_commit": run.git_commit, "git_dirty": run.git_dirty},
+                root, snap, meta=run._provenance,
                 progress=run._on_progress, shards=(lambda tmp: _write_shards(run, tmp)) if run.sharded else None)
         except CheckpointError as e:
             run._last_size = max(run._last_size, run._hb.save_bytes)

@@ -19,6 +19,7 @@ One module per idea:
     manifest   MANIFEST.json, CheckpointKind, checkpoint validation
     selection  newest valid checkpoint, the `latest` link
     index      checkpoint_metadata.json, checkpoint search roots
+    policies   issue 16: EXIT_DIVERGED, strict-resume env, learned-timeout file
 
 Run-dir layout::
 
@@ -27,6 +28,7 @@ Run-dir layout::
       supervisor.lock            flock held by the live supervisor
       events.jsonl               one JSON object per line (both sides append)
       checkpoint_metadata.json   index of committed checkpoints (shim writes)
+      heartbeat_timeouts.json    learned heartbeat intervals per phase (supervisor, --heartbeat-timeout auto)
       metrics.prom               Prometheus textfile (supervisor writes)
       heartbeats/rank-<R>.json   liveness, one per rank (shim writes)
       heartbeats/rank-<R>.step   step mark: last step reached, 8 bytes (shim writes via mmap)
@@ -64,8 +66,15 @@ from .records import (
 )
 from .selection import iter_checkpoint_dirs, newest_valid, repoint_latest
 from .stepmark import STEP_MARK_SIZE, StepMark, reached_step, read_step_mark
+from .policies import (
+    DIVERGED_ERROR_TYPE, DIVERGED_REASON, ENV_STRICT_RESUME, EXIT_DIVERGED, KIND_DIVERGED, LEARNED_TIMEOUTS_FILE,
+    ON_NONFINITE_CHOICES, RESUME_REFUSED_ERROR_TYPE,
+)
 
 __all__ = [
+    # issue 16: divergence, provenance refusal, learned timeouts
+    "EXIT_DIVERGED", "KIND_DIVERGED", "DIVERGED_REASON", "DIVERGED_ERROR_TYPE", "RESUME_REFUSED_ERROR_TYPE",
+    "ENV_STRICT_RESUME", "ON_NONFINITE_CHOICES", "LEARNED_TIMEOUTS_FILE",
     # errors
     "ContractError", "InvalidCheckpoint", "EnvError",
     # environment and exit codes

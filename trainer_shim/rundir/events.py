@@ -37,6 +37,7 @@ class Event(str, enum.Enum):
     SAVE_SKIPPED = "save_skipped"
     RESUME_MISMATCH = "resume_mismatch"
     POLICY_APPLIED = "policy_applied"
+    DIVERGED = "diverged"                          # W shim (issue 16): step, loss, resumed_from; then exit 65
 
     def __str__(self) -> str:  # so f-strings and logs print the bare name
         return self.value

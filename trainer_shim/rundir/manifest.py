@@ -76,6 +76,7 @@ class Manifest:
     # Model and optimizer live in a torch.distributed.checkpoint (DCP) set inside the dir
     # (`.metadata` + `__<rank>_<n>.distcp`) instead of model.pt/optimizer.pt; reshardable.
     sharded: bool = False
+    args_hash: Optional[str] = None   # trainer_shim.provenance.args_hash of the writing process
     format: int = FORMAT_VERSION
 
     def to_json(self) -> dict:
@@ -100,7 +101,7 @@ class Manifest:
                 files=files, exact=bool(d.get("exact", True)), torch_version=d.get("torch_version"),
                 python_version=d.get("python_version"), git_commit=d.get("git_commit"),
                 git_dirty=d.get("git_dirty"), world_size=int(d.get("world_size", 1)),
-                sharded=bool(d.get("sharded", False)),
+                sharded=bool(d.get("sharded", False)), args_hash=d.get("args_hash"),
             )
         except KeyError as e:
             raise ValueError(f"manifest lacks {e.args[0]!r}") from e

@@ -1,0 +1,97 @@
+"""Issue 16, auto save interval: Young/Daly on a simulated Poisson failure trace vs a sweep of fixed intervals."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from trainer_shim.save_interval import (
+    MAX_INTERVAL_S, MIN_INTERVAL_S, AutoInterval, mtbf_from_events, young_daly,
+)
+
+
+def wasted(interval: float, cost: float, failures: list[float], work: float) -> float:
+    """Save overhead + lost work to finish `work` seconds of training, failures at the given wall-clock gaps.
+
+    Training runs in segments of `interval` followed by a save of `cost`; a failure loses what was
+    done since the last completed save (a save cut short is lost too). Restart time is not counted
+    (the same for every interval).
+    """
+    done, waste, gaps = 0.0, 0.0, iter(failures)
+    to_fail = next(gaps)
+    while done < work:
+        seg = min(interval, work - done)
+        need = seg + cost
+        if to_fail >= need:
+            to_fail -= need
+            done += seg
+            waste += cost
+        else:
+            waste += to_fail
+            to_fail = next(gaps)
+    return waste
+
+
+@pytest.mark.parametrize("mtbf, cost", [(3600.0, 20.0), (8 * 3600.0, 120.0), (1800.0, 5.0)])
+def test_young_daly_within_10_percent_of_the_best_fixed_interval(mtbf, cost):
+    rng = random.Random(16)
+    failures = [rng.expovariate(1.0 / mtbf) for _ in range(20000)]   # one trace for every interval
+    work = 400 * mtbf
+    sweep = {t: wasted(t, cost, failures, work) for t in [mtbf * f for f in (
+        0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.07, 0.1, 0.15, 0.2, 0.3, 0.5)]}
+    best = min(sweep.values())
+    auto = wasted(young_daly(cost, mtbf), cost, failures, work)
+    assert auto <= 1.10 * best, (auto, best, sweep)
+
+
+def test_clamps_and_recomputes_as_cost_and_mtbf_change():
+    assert young_daly(0.01, 3600) == MIN_INTERVAL_S and young_daly(3600, 10 * 86400) == MAX_INTERVAL_S
+    a = AutoInterval(mtbf_s=3600)
+    assert a.interval_s == MIN_INTERVAL_S          # before the first save: save early to measure C
+    assert a.observe_save(20) == pytest.approx(379.47, rel=1e-3)
+    assert a.observe_save(20) == pytest.approx(379.47, rel=1e-3)
+    assert a.observe_mtbf(4 * 3600) == pytest.approx(2 * 379.47, rel=1e-3)
+
+
+def test_mtbf_from_the_run_dirs_events():
+    def ev(name, attempt, t, **kw):
+        return {"event": name, "attempt": attempt, "time": f"2026-01-01T{t}+00:00", **kw}
+    none = [ev("attempt_started", 1, "00:00:00"), ev("attempt_ended", 1, "01:00:00", kind="success")]
+    assert mtbf_from_events(none, default_hours=24) == 24 * 3600
+    hist = [ev("attempt_started", 1, "00:00:00"), ev("attempt_ended", 1, "01:00:00", kind="oom"),
+            ev("attempt_started", 2, "01:00:05"), ev("attempt_ended", 2, "02:00:05", kind="preempted"),
+            ev("attempt_started", 3, "02:00:10"), ev("attempt_ended", 3, "03:00:10", kind="hang")]
+    assert mtbf_from_events(hist) == pytest.approx(3 * 3600 / 2)
+
+
+def test_init_auto_uses_the_run_dirs_mtbf_and_the_measured_save(tmp_path):
+    """A real shim process: MTBF from the run dir's history, C from its own save, interval in the heartbeat."""
+    import json
+    import subprocess
+
+    from tests.conftest import PYTHON
+    from tests.supervisor.helpers import sup_env
+
+    rd = tmp_path / "run"
+    rd.mkdir()
+    hist = [("attempt_started", 1, "00:00:00", {}), ("attempt_ended", 1, "01:00:00", {"kind": "oom"}),
+            ("attempt_started", 2, "01:00:00", {}), ("attempt_ended", 2, "02:00:00", {"kind": "hang"})]
+    (rd / "events.jsonl").write_text("".join(json.dumps({"event": e, "attempt": a, "time": f"2026-01-01T{t}+00:00", **kw}) + "\n"
+                                             for e, a, t, kw in hist))
+    code = (
+        "import json, torch, trainer_shim\n"
+        "m = torch.nn.Linear(512, 512); o = torch.optim.Adam(m.parameters())\n"
+        f"run = trainer_shim.init(model=m, optimizer=o, run_dir={str(rd)!r}, save_every_seconds='auto')\n"
+        "before = run.save_every_seconds\n"
+        "run.save()\n"
+        "print(json.dumps([before, run.save_every_seconds, run._auto.save_cost_s]))\n"
+        "run.finish()\n"
+    )
+    p = subprocess.run([PYTHON, "-c", code], env=sup_env(), capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    before, after, cost = json.loads(p.stdout.strip().splitlines()[-1])
+    assert before == MIN_INTERVAL_S and cost > 0
+    assert after == pytest.approx(young_daly(cost, 3600.0))     # 2 h of attempts, 2 failures
+    hb = json.loads((rd / "heartbeats" / "rank-0.json").read_text())
+    assert hb["save_interval_s"] == pytest.approx(after, abs=1e-3)
