@@ -20,7 +20,7 @@ from .status import list_checkpoints, lock_holder, open_run_dir, read_status, su
 
 __all__ = ["app", "main", "resolve_job"]
 
-COMMANDS = ("run", "status", "checkpoints", "stop", "export")
+COMMANDS = ("run", "status", "checkpoints", "stop", "export", "doctor", "report")
 
 app = typer.Typer(
     add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
@@ -324,6 +324,11 @@ def export_cmd(
     summary = export_checkpoint(ckpt_dir, out, fmt, model_only)
     _say(f"exported {ckpt_dir} to {out}" + (f" ({summary})" if summary else ""))
     raise typer.Exit(EXIT_OK)
+
+
+from .cli_insight import register as _register_insight  # noqa: E402 - needs `app`
+
+_register_insight(app)
 
 
 def main(argv: Optional[list[str]] = None) -> None:

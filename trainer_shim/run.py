@@ -19,6 +19,7 @@ from . import (cursor, data, distributed, divergence, options, provenance, resto
 from .errors import CollectiveTimeout, ConfigError
 from .heartbeat import Heartbeat
 from .loading import LoadResult, load
+from .probe import Probe
 from .provenance import git_info, script_path
 from .rundir import CheckpointKind, Event, Phase
 
@@ -115,6 +116,7 @@ class Run:
         self._hb.write_now(step=self.global_step, epoch=self.epoch, loss=self.loss,
                            resumed_from=self.resumed_from, checkpoint_step=self.checkpoint_step)
         self._hb.start()
+        self._probe = Probe.for_run(self)  # step-boundary checks; digests and faults in doctor mode
 
     def _reset_position(self) -> None:
         """Where training stands (step 0 until a checkpoint is restored) and the data cursor."""
@@ -224,6 +226,7 @@ class Run:
                     self._preempt()
                 raise
             self._yielded += 1
+            self._probe.on_batch(batch)
             yield batch
         self._stream_done = True
 
@@ -256,6 +259,7 @@ class Run:
         if (every and self.global_step % every == 0) or timed:
             self._save(CheckpointKind.STEP)
             save_interval.tune(self, time.monotonic() - now)
+        self._probe.on_step()
         if stop:
             self._preempt()
 
@@ -302,6 +306,7 @@ class Run:
         self._hb.fields["epoch"] = self.epoch
         if self.save_on_epoch_end:
             self._save(CheckpointKind.EPOCH)
+        self._probe.on_epoch_end()
         stop = self._stop.requested
         stop, _ = self._group.agree(stop, False)
         if stop:

@@ -20,6 +20,7 @@ One module per idea:
     selection  newest valid checkpoint, the `latest` link
     index      checkpoint_metadata.json, checkpoint search roots
     policies   issue 16: EXIT_DIVERGED, strict-resume env, learned-timeout file
+    insight    doctor mode (RESILIENT_DOCTOR*), digest-log records, the first_step event
 
 Run-dir layout::
 
@@ -52,6 +53,10 @@ from .env import (
 from .errors import ContractError, EnvError, InvalidCheckpoint
 from .events import POISONED, Event, append_event, is_poisoning, next_attempt_number, poisoned_checkpoints, read_events
 from .index import checkpoint_roots, index_entry, read_index
+from .insight import (
+    ENV_DOCTOR, ENV_DOCTOR_FAULTS, ENV_DOCTOR_STEPS, EVENT_FIRST_STEP, FAULT_KILL, FAULT_RAISE, MARK_BATCH, MARK_EPOCH,
+    MARK_STEP, parse_faults,
+)
 from .layout import (
     CHECKPOINTS, CKPT_PREFIX, LATEST, NODES, RUN_DIR_MODE, TMP_PREFIX, RunDir, checkpoint_name,
     ensure_run_dir, heartbeat_name, inside, parse_checkpoint_name, parse_heartbeat_name, step_mark_name, tmp_dirs,
@@ -97,4 +102,6 @@ __all__ = [
     "FORMAT_VERSION", "MANIFEST_NAME", "CheckpointKind", "FileEntry", "Manifest", "CheckpointInfo",
     "new_hasher", "digest_file", "safe_member", "inspect_checkpoint", "iter_checkpoint_dirs", "newest_valid",
     "repoint_latest", "index_entry", "read_index", "checkpoint_roots",
+    "ENV_DOCTOR", "ENV_DOCTOR_FAULTS", "ENV_DOCTOR_STEPS", "EVENT_FIRST_STEP", "MARK_STEP", "MARK_BATCH", "MARK_EPOCH",
+    "FAULT_KILL", "FAULT_RAISE", "parse_faults",
 ]

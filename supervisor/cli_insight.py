@@ -1,0 +1,81 @@
+"""The `doctor` and `report` commands (registered on the main typer app by supervisor.cli)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from .errors import EXIT_USAGE, ConfigError
+from .status import open_run_dir
+
+__all__ = ["register"]
+
+
+def _parse_steps(spec: str) -> tuple[int, ...]:
+    try:
+        out = tuple(int(x) for x in spec.split(",") if x.strip())
+    except ValueError:
+        out = ()
+    if not out or any(s <= 0 for s in out):
+        raise ConfigError(f"--kill-at {spec!r} is not a list of positive steps; use e.g. --kill-at 17,41")
+    return out
+
+
+def doctor(
+    job: List[str] = typer.Argument(..., metavar="SCRIPT.py [ARGS]... | -- COMMAND [ARGS]..."),
+    steps: int = typer.Option(60, "--steps", help="Steps per run (the script ends cleanly there)."),
+    kill_at: str = typer.Option("17,41", "--kill-at", help="Steps to interrupt at: kill -9, then a Python exception, alternating."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    keep: Optional[Path] = typer.Option(None, "--keep", help="Keep the scratch run dirs and logs under this directory."),
+) -> None:
+    """Prove the script resumes exactly: an uninterrupted and an interrupted run in scratch run dirs, compared step by step."""
+    from . import cli
+    from .doctor import run_doctor
+
+    if steps <= 0:
+        raise ConfigError(f"--steps must be positive, got {steps}")
+    points = _parse_steps(kill_at)
+    tokens = list(job)
+    argv = cli._argv
+    command_mode = len(argv) > len(tokens) and argv[len(argv) - len(tokens) - 1] == "--"
+    spec = cli.resolve_job(tokens, command_mode)
+    res = run_doctor([spec["script"], *spec["args"]] if "script" in spec else ["--", *spec["command"]],
+                     steps=steps, kill_at=points, keep=keep)
+    if as_json:
+        typer.echo(json.dumps(res.to_json(), indent=2))
+    elif res.error:
+        typer.echo(f"doctor failed: {res.error}")
+    elif res.exact:
+        typer.echo(f"exact: final weights and every step's loss equal across {res.interruptions} interruptions")
+    else:
+        d = res.divergence
+        assert d is not None
+        typer.echo(f"not exact: {d.message}")
+        typer.echo(f"fix: {d.fix}")
+    raise typer.Exit(res.exit_code)
+
+
+def report(
+    run_dir: Path = typer.Argument(..., metavar="RUN_DIR"),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    png: Optional[Path] = typer.Option(None, "--png", help="Also draw a timeline PNG (needs the [report] extra)."),
+) -> None:
+    """What the failures of a run cost: per attempt, recovery times, lost steps and goodput."""
+    from .report import build_report, render_png, render_text
+
+    rep = build_report(open_run_dir(run_dir))
+    typer.echo(json.dumps(rep.to_json(), indent=2) if as_json else render_text(rep))
+    if png is not None:
+        try:
+            render_png(rep, str(png))
+        except ImportError:
+            typer.echo("resilient-run: error: --png needs matplotlib; pip install 'resilient-run[report]'", err=True)
+            raise typer.Exit(EXIT_USAGE) from None
+
+
+def register(app: typer.Typer) -> None:
+    app.command(context_settings={"allow_interspersed_args": False})(doctor)
+    app.command()(report)

@@ -1,0 +1,168 @@
+"""`resilient-run report`: what the failures of a run cost, computed from its events.jsonl.
+
+Definitions (README "What failures cost"): an attempt's useful time is its training time (first
+step -> end) scaled to the steps that were not redone by the next attempt; goodput = useful time
+/ wall time (first attempt start -> last attempt end). Lost steps = steps redone after restarts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+from collections import Counter
+from typing import Optional
+
+from trainer_shim.rundir import EVENT_FIRST_STEP, Event, RunDir, parse_checkpoint_name, read_events
+
+__all__ = ["AttemptCost", "RunReport", "build_report", "render_text", "render_png"]
+
+
+def _t(s: Optional[str]) -> Optional[float]:
+    return _dt.datetime.fromisoformat(s).timestamp() if s else None
+
+
+def _step_of(path: Optional[str]) -> int:
+    """The step a resume_from path names (0: a fresh start or a name we cannot parse)."""
+    if not path:
+        return 0
+    return parse_checkpoint_name(path.rstrip("/").rsplit("/", 1)[-1]) or 0
+
+
+@dataclasses.dataclass
+class AttemptCost:
+    attempt: int
+    start: str
+    end: Optional[str]
+    kind: Optional[str]
+    evidence: Optional[str]
+    resumed_from_step: int
+    last_step: Optional[int]
+    steps_redone: int
+    # Recovery from the failure that ended the previous attempt (None for the first one), seconds.
+    recover_detect_stop: Optional[float] = None   # failure -> attempt_ended: not in events yet (None)
+    recover_spawn: Optional[float] = None         # previous attempt ended -> this one started
+    recover_restore: Optional[float] = None       # started -> restore done (the shim's first_step event)
+    recover_first_step: Optional[float] = None    # restore done -> first step
+    recover_total: Optional[float] = None         # previous attempt ended -> first step
+    saving_seconds: Optional[float] = None        # not recorded by the shim yet (None)
+
+
+@dataclasses.dataclass
+class RunReport:
+    attempts: list[AttemptCost]
+    wall_seconds: float
+    useful_seconds: float
+    goodput: Optional[float]
+    lost_steps: int
+    restarts_by_kind: dict[str, int]
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _by_attempt(events: list[dict]) -> dict[int, dict]:
+    attempts: dict[int, dict] = {}
+    for ev in events:
+        n = ev.get("attempt")
+        if not isinstance(n, int):
+            continue
+        a = attempts.setdefault(n, {})
+        name = ev.get("event")
+        if name == Event.ATTEMPT_STARTED:
+            a["started"] = ev
+        elif name == Event.ATTEMPT_ENDED:
+            a["ended"] = ev
+        elif name == EVENT_FIRST_STEP and "first" not in a:
+            a["first"] = ev
+    return {n: a for n, a in attempts.items() if "started" in a}
+
+
+def _recovery(c: AttemptCost, prev_end: Optional[float], t_start: float, fs: Optional[dict]) -> None:
+    if prev_end is None:
+        return
+    t_first = _t(fs["time"]) if fs else None
+    t_restored = _t(fs.get("restored_time")) if fs else None
+    c.recover_spawn = round(t_start - prev_end, 3)
+    if t_restored is not None:
+        c.recover_restore = round(t_restored - t_start, 3)
+        if t_first is not None:
+            c.recover_first_step = round(t_first - t_restored, 3)
+    if t_first is not None:
+        c.recover_total = round(t_first - prev_end, 3)
+
+
+def build_report(rd: RunDir) -> RunReport:
+    attempts = _by_attempt(read_events(rd))
+    out: list[AttemptCost] = []
+    useful, lost = 0.0, 0
+    prev_end: Optional[float] = None
+    for n in sorted(attempts):
+        a = attempts[n]
+        st, en, fs = a["started"], a.get("ended"), a.get("first")
+        resumed = _step_of(st.get("resume_from"))
+        last = en.get("step") if en else None
+        nxt = attempts.get(n + 1, {}).get("started")
+        redone = max(0, last - _step_of(nxt.get("resume_from"))) if (nxt and last is not None) else 0
+        lost += redone
+        c = AttemptCost(attempt=n, start=st["time"], end=en["time"] if en else None,
+                        kind=en.get("kind") if en else None, evidence=en.get("evidence") if en else None,
+                        resumed_from_step=resumed, last_step=last, steps_redone=redone)
+        t_start, t_end = _t(st["time"]), _t(en["time"]) if en else None
+        _recovery(c, prev_end, t_start, fs)
+        t_first = _t(fs["time"]) if fs else None
+        if t_first is not None and t_end is not None and last is not None and last > resumed:
+            # Training time of this attempt's steps that were not redone (steps assumed evenly paced).
+            useful += (t_end - t_first) * max(0, last - redone - resumed) / (last - resumed)
+        prev_end = t_end
+        out.append(c)
+    starts = [_t(a["started"]["time"]) for a in attempts.values()]
+    ends = [_t(a["ended"]["time"]) for a in attempts.values() if "ended" in a]
+    wall = (max(ends) - min(starts)) if starts and ends else 0.0
+    kinds = Counter(c.kind for c in out[:-1] if c.kind and c.kind != "success")
+    return RunReport(attempts=out, wall_seconds=round(wall, 3), useful_seconds=round(useful, 3),
+                     goodput=round(useful / wall, 4) if wall > 0 else None, lost_steps=lost,
+                     restarts_by_kind=dict(kinds))
+
+
+def render_text(rep: RunReport) -> str:
+    def f(x: Optional[float]) -> str:
+        return "-" if x is None else f"{x:.2f}s"
+
+    lines = [f"{'#':>3} {'kind':<12} {'resumed':>7} {'last':>6} {'redone':>6}  "
+             f"{'recover (spawn/restore/first step)':<36} evidence"]
+    for c in rep.attempts:
+        rec = "-" if c.recover_total is None else (
+            f"{f(c.recover_total)} ({f(c.recover_spawn)}/{f(c.recover_restore)}/{f(c.recover_first_step)})")
+        lines.append(f"{c.attempt:>3} {c.kind or 'running':<12} {c.resumed_from_step:>7} "
+                     f"{'-' if c.last_step is None else c.last_step:>6} {c.steps_redone:>6}  {rec:<36} "
+                     f"{(c.evidence or '')[:60]}")
+    gp = "-" if rep.goodput is None else f"{rep.goodput:.1%}"
+    kinds = ", ".join(f"{k} {v}" for k, v in sorted(rep.restarts_by_kind.items())) or "none"
+    lines.append(f"wall {rep.wall_seconds:.1f}s, useful {rep.useful_seconds:.1f}s, goodput {gp}, "
+                 f"lost steps {rep.lost_steps}, restarts: {kinds}")
+    return "\n".join(lines)
+
+
+def render_png(rep: RunReport, path: str, width_px: int = 1200, height_px: int = 400) -> None:
+    """Timeline: attempts as bars coloured by outcome, failures marked; ImportError without matplotlib."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colours = {"success": "tab:green", None: "tab:blue"}
+    t0 = min((_t(c.start) for c in rep.attempts), default=0.0)
+    fig = plt.figure(figsize=(width_px / 100, height_px / 100), dpi=100)
+    ax = fig.add_subplot(1, 1, 1)
+    for c in rep.attempts:
+        s = _t(c.start) - t0
+        e = (_t(c.end) - t0) if c.end else s
+        ax.barh(c.attempt, max(e - s, 0.01), left=s, color=colours.get(c.kind, "tab:red"))
+        if c.kind not in ("success", None):
+            ax.plot([e], [c.attempt], marker="x", color="black", markersize=10)
+    gp = "-" if rep.goodput is None else f"{rep.goodput:.1%}"
+    ax.set_title(f"goodput {gp}, lost steps {rep.lost_steps}")
+    ax.set_xlabel("seconds since the first attempt")
+    ax.set_ylabel("attempt")
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -1,0 +1,31 @@
+"""A tiny job for `resilient-run doctor` tests: `exact`, `bn` (DCGAN-style defect) or `rng` (forgotten default_rng)."""
+import sys
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import trainer_shim
+
+mode = sys.argv[1]
+torch.manual_seed(0)
+data = TensorDataset(torch.randn(64, 8), torch.randn(64, 1))
+loader = DataLoader(data, batch_size=8, shuffle=True)
+model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+noise_rng = np.random.default_rng(1234)
+
+run = trainer_shim.init(model=model, optimizer=opt, save_every_steps=5)
+for epoch in run.epochs(100):
+    for x, y in run.batches(loader):
+        if mode == "rng":
+            x = x + torch.from_numpy(noise_rng.normal(size=x.shape).astype("float32")) * 0.01
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        run.step(loss=loss.item())
+        if mode == "bn" and run.global_step % 10 == 0:
+            model(torch.randn(8, 8))  # "sample" in training mode after run.step(): BatchNorm stats change
+run.finish()

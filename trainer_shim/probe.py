@@ -1,0 +1,256 @@
+"""Step-boundary probes: the cheap "state changed after run.step()" warning, the first-step event,
+and (doctor mode, `$RESILIENT_DOCTOR`) per-step digests of every state component plus injected faults.
+
+Run calls three hooks: `on_step` at the end of run.step(), `on_batch` before a training batch is
+handed out, `on_epoch_end` after the epoch-end checkpoint. Everything expensive is doctor-only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+import xxhash
+
+from . import data, rundir
+from .rundir import (ENV_DOCTOR, ENV_DOCTOR_FAULTS, ENV_DOCTOR_STEPS, EVENT_FIRST_STEP, FAULT_KILL, MARK_BATCH,
+                     MARK_STEP, parse_faults)
+
+try:
+    import numpy as np
+except ImportError:  # pragma: no cover
+    np = None  # type: ignore[assignment]
+
+__all__ = ["Probe", "digest", "DoctorFault"]
+
+# Components compared between run.step() and the next batch: training state the checkpoint holds.
+# RNGs and the data position legitimately move when the next batch is fetched.
+STATE_COMPONENTS = ("model.params", "model.buffers", "optimizer", "scheduler", "scaler", "run.state")
+
+
+class DoctorFault(RuntimeError):
+    """The Python exception the doctor injects (kind `raise`)."""
+
+
+def _say(msg: str) -> None:
+    print(f"trainer_shim: {msg}", file=sys.stderr, flush=True)
+
+
+def _feed(h: "xxhash.xxh3_64", obj: Any) -> None:
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach().cpu().contiguous()
+        h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    elif np is not None and isinstance(obj, np.ndarray):
+        h.update(f"N{obj.dtype}{obj.shape}".encode())
+        h.update(np.ascontiguousarray(obj).tobytes())
+    elif isinstance(obj, dict):
+        h.update(b"{")
+        for k in sorted(obj, key=str):
+            h.update(repr(k).encode())
+            _feed(h, obj[k])
+        h.update(b"}")
+    elif isinstance(obj, (list, tuple)):
+        h.update(b"[")
+        for v in obj:
+            _feed(h, v)
+        h.update(b"]")
+    else:
+        h.update(repr(obj).encode())
+
+
+def digest(obj: Any) -> str:
+    """A content hash of nested tensors/arrays/containers/scalars (bit-level for tensors)."""
+    h = xxhash.xxh3_64()
+    _feed(h, obj)
+    return h.hexdigest()
+
+
+def _version_sum(model: Any) -> int:
+    if not isinstance(model, torch.nn.Module):
+        return 0
+    return sum(t._version for t in model.parameters()) + sum(t._version for t in model.buffers())
+
+
+def _rng_kind(obj: Any) -> Optional[str]:
+    if np is not None and isinstance(obj, np.random.Generator):
+        return "numpy Generator"
+    if np is not None and isinstance(obj, np.random.RandomState):
+        return "numpy RandomState"
+    if type(obj) is random.Random:
+        return "random.Random"
+    if isinstance(obj, torch.Generator):
+        return "torch.Generator"
+    return None
+
+
+def _rng_state(obj: Any) -> Any:
+    if np is not None and isinstance(obj, np.random.Generator):
+        return obj.bit_generator.state
+    if np is not None and isinstance(obj, np.random.RandomState):
+        return obj.get_state()
+    if isinstance(obj, torch.Generator):
+        return obj.get_state()
+    return obj.getstate()
+
+
+class Probe:
+    """Per-process step-boundary observer; `Probe.for_run(run)` reads doctor mode from the env."""
+
+    def __init__(self, run: Any, log: Optional[str], faults: dict[int, str], stop_at: Optional[int]) -> None:
+        self.run = run
+        self.log = Path(log) if log else None
+        self.faults = faults
+        self.stop_at = stop_at
+        self.restored_time = rundir.now_iso()
+        self._first = True
+        self._ref_version: Optional[int] = None   # version sum at the last run.step()
+        self._ref_step: Optional[int] = None
+        self._ref_digests: Optional[dict] = None  # doctor: component digests at the last run.step()
+        self._warned = False
+        self._batch_digest: Optional[str] = None
+        self._extra_rngs: list[tuple[str, Any]] = []
+        self._scanned_at = -1
+
+    @classmethod
+    def for_run(cls, run: Any) -> "Probe":
+        log = os.environ.get(ENV_DOCTOR) or None
+        faults = parse_faults(os.environ.get(ENV_DOCTOR_FAULTS, "")) if log else {}
+        stop = os.environ.get(ENV_DOCTOR_STEPS, "")
+        return cls(run, log, faults, int(stop) if log and stop.isdigit() else None)
+
+    # --- hooks --------------------------------------------------------------------------------
+
+    def on_step(self) -> None:
+        run = self.run
+        if self._first:
+            self._first = False
+            if run.rank == 0:
+                rundir.append_event(run.rd, EVENT_FIRST_STEP, run.attempt, step=run.global_step,
+                                    restored_time=self.restored_time, pid=os.getpid())
+        self._ref_step = run.global_step
+        self._ref_version = _version_sum(run.model)
+        if self.log is None:
+            return
+        comps = self._components()
+        self._ref_digests = comps
+        self._write({"at": MARK_STEP, "step": run.global_step, "loss": run.loss, "epoch": run.epoch,
+                     "batch": self._batch_digest, "digests": comps})
+        self._fault(run.global_step)
+        if self.stop_at is not None and run.global_step >= self.stop_at:
+            run.finish()
+            sys.exit(0)
+
+    def on_batch(self, batch: Any) -> None:
+        if self._ref_step is not None and not self._warned and self.log is None:
+            if _version_sum(self.run.model) != self._ref_version:
+                self._warned = True
+                _say(f"model parameters or buffers changed after run.step() at step {self._ref_step} (before the "
+                     "next batch); a checkpoint taken at run.step() misses that change, so a resume is not exact. "
+                     "Call run.step() after the last change to training state in the loop body")
+        if self.log is None:
+            return
+        self._batch_digest = digest(batch)
+        if self._ref_digests is not None:
+            now = self._components()
+            changed = [c for c in STATE_COMPONENTS + tuple(k for k in now if k.startswith("extra."))
+                       if now.get(c) != self._ref_digests.get(c)]
+            if changed:
+                self._write({"at": MARK_BATCH, "step": self._ref_step, "changed": changed,
+                             "bn": self._has_batchnorm()})
+        self._ref_digests = None
+
+    def on_epoch_end(self) -> None:
+        # The epoch-end checkpoint captures whatever the epoch body did after its last run.step().
+        self._ref_digests = None
+        self._ref_step = None
+        self._ref_version = None
+
+    # --- doctor internals ---------------------------------------------------------------------
+
+    def _has_batchnorm(self) -> bool:
+        m = self.run.model
+        return isinstance(m, torch.nn.Module) and any(
+            isinstance(x, torch.nn.modules.batchnorm._BatchNorm) for x in m.modules())
+
+    def _components(self) -> dict[str, str]:
+        from . import rng as rng_mod
+
+        run = self.run
+        out: dict[str, str] = {}
+        m = run.model
+        if isinstance(m, torch.nn.Module):
+            out["model.params"] = digest(dict(m.named_parameters()))
+            out["model.buffers"] = digest(dict(m.named_buffers()))
+        for name in ("optimizer", "scheduler", "scaler"):
+            obj = getattr(run, name)
+            if obj is not None:
+                out[name] = digest(obj.state_dict())
+        for k, v in run.extra.items():
+            out[f"extra.{k}"] = digest(v.state_dict())
+        out["run.state"] = digest(run.state)
+        gen = data.loader_generator(run._stream_loader)
+        rs = rng_mod.capture(gen)
+        for k in ("python", "numpy", "torch", "cuda", "generator"):
+            if rs.get(k) is not None:
+                out[f"rng.{k}"] = digest(rs[k])
+        out["data"] = digest([run.epoch, run.batch_in_epoch])
+        for label, obj in self._uncaptured(gen):
+            out[f"uncaptured.{label}"] = digest(_rng_state(obj))
+        return out
+
+    def _uncaptured(self, loader_gen: Any) -> list[tuple[str, Any]]:
+        step = self.run.global_step
+        if self._scanned_at < 0 or step - self._scanned_at >= 20:
+            self._scanned_at = step
+            known = {id(random._inst), id(torch.default_generator), id(loader_gen)}
+            if np is not None:
+                known.add(id(np.random.mtrand._rand))
+            for v in self.run.extra.values():
+                known.add(id(v))
+            main = sys.modules.get("__main__")
+            where = Path(getattr(main, "__file__", "") or "the script").name
+            found = []
+            # The script's own generators: its globals and their attributes (a module's, a dataset's).
+            # Library-internal ones (tempfile's, a sampler's per-epoch one) are seeded elsewhere.
+            for name, val in list(vars(main).items()) if main is not None else []:
+                cands = [(f"`{name}`", val)]
+                if not isinstance(val, type) and hasattr(val, "__dict__") and not isinstance(val, type(sys)):
+                    try:
+                        cands += [(f"`{name}.{k}`", v) for k, v in list(vars(val).items())]
+                    except TypeError:
+                        pass
+                for label, obj in cands:
+                    kind = _rng_kind(obj)
+                    if kind is not None and id(obj) not in known:
+                        known.add(id(obj))
+                        found.append((f"{kind} {label} (created in {where})", obj))
+            self._extra_rngs = found
+        return self._extra_rngs
+
+    def _write(self, rec: dict) -> None:
+        rec.update(attempt=self.run.attempt, rank=self.run.rank, pid=os.getpid(), time=time.time())
+        assert self.log is not None
+        with open(self.log, "a") as f:
+            f.write(json.dumps(rec, sort_keys=True) + "\n")
+
+    def _fault(self, step: int) -> None:
+        kind = self.faults.get(step)
+        if kind is None or self.run.rank != 0:
+            return
+        marker = self.log.with_name(f"{self.log.name}.fault-{step}")  # type: ignore[union-attr]
+        try:  # only the first attempt that reaches this step is interrupted
+            fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+        except FileExistsError:
+            return
+        os.close(fd)
+        if kind == FAULT_KILL:
+            os.kill(os.getpid(), signal.SIGKILL)
+        raise DoctorFault(f"resilient-run doctor: injected exception at step {step}")
