@@ -1,0 +1,52 @@
+"""`resilient-run doctor`: real supervisors, real kill -9 and exceptions, real torch jobs (tiny)."""
+
+from __future__ import annotations
+
+import json
+
+from tests.conftest import JOBS, REPO
+from tests.supervisor.helpers import run_cli
+
+DOCTOR_JOB = str(JOBS / "doctor_job.py")
+
+
+def test_readme_example_is_exact(tmp_path):
+    r = run_cli("doctor", "--steps", "24", "--kill-at", "7,16", "--json", "--keep", str(tmp_path),
+                str(REPO / "examples" / "train.py"), cwd=tmp_path, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = json.loads(r.stdout)
+    assert out["exact"] is True and out["divergence"] is None and out["exit_code"] == 0
+    assert out["steps"] == 24 and out["kill_at"] == [7, 16] and out["interruptions"] == 2
+    assert out["baseline_seconds"] > 0 and out["interrupted_seconds"] > 0
+    # The faults really happened: a kill -9 and an exception, each once, then a restart.
+    (scratch,) = tmp_path.glob("resilient-doctor-*")
+    ended = [json.loads(line) for line in (scratch / "interrupted" / "events.jsonl").read_text().splitlines()
+             if '"attempt_ended"' in line]
+    assert [e["kind"] for e in ended] == ["signal", "crash", "success"]
+    assert not (tmp_path / "runs").exists()  # never the user's run dir
+
+
+def test_batchnorm_changed_after_step_is_named(tmp_path):
+    r = run_cli("doctor", "--steps", "12", "--kill-at", "7", DOCTOR_JOB, "bn", cwd=tmp_path, timeout=300)
+    assert r.returncode == 1, r.stdout + r.stderr
+    lines = r.stdout.strip().splitlines()
+    assert lines[0] == ("not exact: BatchNorm buffers of `model` changed after run.step() at step 10: "
+                        "state changed outside the checkpointed step")
+    assert lines[1].startswith("fix: call run.step() after the last change to training state")
+
+
+def test_forgotten_numpy_generator_is_named(tmp_path):
+    r = run_cli("doctor", "--steps", "12", "--kill-at", "7", "--json", DOCTOR_JOB, "rng", cwd=tmp_path, timeout=300)
+    assert r.returncode == 1, r.stdout + r.stderr
+    d = json.loads(r.stdout)["divergence"]
+    # Killed at 7, resumed from the step-5 checkpoint: step 6 is the first step that differs.
+    assert d["step"] == 6
+    assert d["component"] == "uncaptured.numpy Generator `noise_rng` (created in doctor_job.py)"
+    assert "extra" in d["fix"]
+
+
+def test_bad_kill_at_is_a_one_line_usage_error(tmp_path):
+    r = run_cli("doctor", "--kill-at", "x", DOCTOR_JOB, "exact", cwd=tmp_path)
+    assert r.returncode == 2
+    assert r.stderr.strip() == ("resilient-run: error: --kill-at 'x' is not a list of positive steps; "
+                                "use e.g. --kill-at 17,41")

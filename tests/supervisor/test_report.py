@@ -1,0 +1,72 @@
+"""`resilient-run report` on a real supervised run with known faults (injected by the shim's doctor mode)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import struct
+
+import pytest
+
+from tests.conftest import JOBS
+from tests.supervisor.helpers import run_cli, sup_env
+from tests.support import events
+from trainer_shim.rundir import ENV_DOCTOR, ENV_DOCTOR_FAULTS, ENV_DOCTOR_STEPS
+
+
+def _t(s: str) -> float:
+    return dt.datetime.fromisoformat(s).timestamp()
+
+
+@pytest.fixture(scope="module")
+def faulted_run(tmp_path_factory):
+    """kill -9 at step 7 (newest checkpoint: 5), an exception at 11 (newest: 10), success at 12."""
+    tmp = tmp_path_factory.mktemp("report")
+    env = sup_env(**{ENV_DOCTOR: str(tmp / "digests.jsonl"), ENV_DOCTOR_FAULTS: "7:kill,11:raise",
+                     ENV_DOCTOR_STEPS: "12"})
+    rd = tmp / "run"
+    r = run_cli("run", "--run-dir", str(rd), "--backoff", "0", str(JOBS / "doctor_job.py"), "exact",
+                env=env, cwd=tmp, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return rd
+
+
+def test_figures_match_the_events(faulted_run):
+    r = run_cli("report", "--json", str(faulted_run))
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    a1, a2, a3 = rep["attempts"]
+    assert [a["kind"] for a in rep["attempts"]] == ["signal", "crash", "success"]
+    assert [a["resumed_from_step"] for a in rep["attempts"]] == [0, 5, 10]
+    assert a2["last_step"] == 11 and a2["steps_redone"] == 1 and a3["last_step"] == 12 and a3["steps_redone"] == 0
+    assert a1["steps_redone"] == a1["last_step"] - 5
+    assert rep["lost_steps"] == a1["steps_redone"] + 1
+    assert rep["restarts_by_kind"] == {"signal": 1, "crash": 1}
+    started = {e["attempt"]: e for e in events(faulted_run, "attempt_started")}
+    ended = {e["attempt"]: e for e in events(faulted_run, "attempt_ended")}
+    first = {e["attempt"]: e for e in events(faulted_run, "first_step")}
+    assert rep["wall_seconds"] == pytest.approx(_t(ended[3]["time"]) - _t(started[1]["time"]), abs=2e-3)
+    for n, a in ((2, a2), (3, a3)):
+        assert a["recover_spawn"] == pytest.approx(_t(started[n]["time"]) - _t(ended[n - 1]["time"]), abs=2e-3)
+        assert a["recover_total"] == pytest.approx(_t(first[n]["time"]) - _t(ended[n - 1]["time"]), abs=2e-3)
+        assert a["recover_spawn"] + a["recover_restore"] + a["recover_first_step"] == pytest.approx(
+            a["recover_total"], abs=5e-3)
+    assert a1["recover_total"] is None
+    assert 0 < rep["goodput"] < 1 and rep["useful_seconds"] < rep["wall_seconds"]
+
+
+def test_text_and_png(faulted_run, tmp_path):
+    png = tmp_path / "timeline.png"
+    r = run_cli("report", str(faulted_run), "--png", str(png))
+    assert r.returncode == 0, r.stderr
+    assert "goodput" in r.stdout.splitlines()[-1] and "restarts: crash 1, signal 1" in r.stdout
+    raw = png.read_bytes()
+    assert raw[:8] == b"\x89PNG\r\n\x1a\n"
+    assert struct.unpack(">II", raw[16:24]) == (1200, 400)
+    import matplotlib.image
+
+    img = matplotlib.image.imread(str(png))
+    assert img.std() > 0.01  # not blank
+    red = ((img[..., 0] > 0.7) & (img[..., 1] < 0.3)).sum()
+    green = ((img[..., 1] > 0.4) & (img[..., 0] < 0.3)).sum()
+    assert red > 100 and green > 100  # failed attempts red, the successful one green
