@@ -17,7 +17,7 @@ opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 noise_rng = np.random.default_rng(1234)
 
 run = trainer_shim.init(model=model, optimizer=opt, save_every_steps=5)
-for epoch in run.epochs(100):
+for epoch in run.epochs(int(sys.argv[2]) if len(sys.argv) > 2 else 100):
     for x, y in run.batches(loader):
         if mode == "rng":
             x = x + torch.from_numpy(noise_rng.normal(size=x.shape).astype("float32")) * 0.01
