@@ -32,6 +32,7 @@ from .config import Config
 from .errors import EXIT_GAVE_UP, EXIT_OK, EXIT_STOPPED, LockedError, RunDirError
 from .heartbeat import HeartbeatEvents, HeartbeatMonitor, allowance
 from .metrics import MetricsSnapshot, disk_free_bytes, write_textfile
+from .progress import CostCache
 from .notify import Notifier, child_environ
 from .policy import Action, RestartPolicy
 from .learned_timeout import TimeoutLearner
@@ -120,6 +121,7 @@ class Supervisor:
     def __init__(self, config: Config, run_dir: Path) -> None:
         self.config = config
         self.rd = RunDir(run_dir, config.node)
+        self._costs = CostCache(self.rd)  # goodput, lost steps, recovery times for the metrics file
         self.state = State.STARTING
         self.policy = RestartPolicy(
             max_restarts=config.max_restarts, backoff=config.backoff, backoff_max=config.backoff_max,
@@ -772,7 +774,7 @@ class Supervisor:
             run=self.rd.root.resolve().name, up=a is not None, attempts_total=self.attempts_total,
             failures_by_kind=dict(self.failures), heartbeat_age_s=hb_age,
             global_step=hb.get("step") if hb else None, last_checkpoint_step=latest.step if latest else None,
-            last_checkpoint_age_s=ckpt_age, disk_free_bytes=free,
+            last_checkpoint_age_s=ckpt_age, disk_free_bytes=free, **self._costs.get(),
             save_interval_s=hb.get("save_interval_s") if hb else None,
         )
         try:

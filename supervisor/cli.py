@@ -16,6 +16,7 @@ import typer
 from . import procs
 from .config import DEFAULTS, Config, build_config, load_config_file
 from .errors import EXIT_GAVE_UP, EXIT_OK, EXIT_USAGE, ConfigError, RunDirError, SupervisorError
+from .progress import format_progress
 from .status import list_checkpoints, lock_holder, open_run_dir, read_status, supervised_parts
 
 __all__ = ["app", "main", "resolve_job"]
@@ -153,6 +154,7 @@ def _status_table(rep, title: str):  # noqa: ANN001, ANN202 - rich objects
         ("state", rep.state), ("attempt", str(rep.attempt or "-")), ("restarts", str(rep.restarts if rep.restarts is not None else "-")),
         ("supervisor pid", str(rep.supervisor_pid or "-")), ("trainer pid", str(rep.child_pid or "-")),
         ("phase", rep.phase or "-"), ("step", str(rep.step if rep.step is not None else "-")),
+        ("progress", format_progress(rep.progress) if rep.progress else "-"),
         ("epoch", str(rep.epoch if rep.epoch is not None else "-")),
         ("loss", f"{rep.loss:.6g}" if isinstance(rep.loss, (int, float)) else "-"),
         ("heartbeat age", _fmt_age(rep.heartbeat_age_s) + ("" if rep.heartbeat_fresh or rep.heartbeat_age_s is None else " (stale)")),
@@ -197,10 +199,40 @@ def _title(rd, rate: str = "") -> str:  # noqa: ANN001
     return f"resilient-run {rd.root}" + ("" if rd.node is None else f" node {rd.node}") + rate
 
 
+def _watched_rate(prev: dict, rd, rep) -> str:  # noqa: ANN001
+    """Steps/s between two refreshes (for jobs whose heartbeats give no pace of their own)."""
+    now, rate = time.monotonic(), ""
+    if rep.step is not None:
+        last = prev.get(rd.node)
+        if last is not None and now > last[0] and rep.step >= last[1]:
+            rate = f", {(rep.step - last[1]) / (now - last[0]):.2f} steps/s"
+        prev[rd.node] = (now, rep.step)
+    return rate
+
+
+def _watch_plain(parts, interval: float) -> None:  # noqa: ANN001
+    prev: dict[Optional[int], tuple[float, int]] = {}
+    try:
+        while True:
+            for rd in parts:
+                rep = read_status(rd)
+                rate = _watched_rate(prev, rd, rep)
+                line = format_progress(rep.progress) if rep.progress else "-"
+                typer.echo(f"{time.strftime('%H:%M:%S')} {_title(rd)}: {rep.state}, attempt {rep.attempt or '-'}, "
+                           f"{line}{rate if 'steps/s' not in line else ''}")
+            sys.stdout.flush()
+            time.sleep(interval)
+    except (KeyboardInterrupt, BrokenPipeError):
+        pass
+
+
 def _watch(parts, interval: float) -> None:  # noqa: ANN001
     from rich.console import Group
     from rich.live import Live
 
+    if not sys.stdout.isatty():  # a pipe or a log file: one plain line per run dir per interval
+        _watch_plain(parts, interval)
+        return
     prev: dict[Optional[int], tuple[float, int]] = {}
     try:
         with Live(refresh_per_second=4, screen=False) as live:
@@ -208,13 +240,7 @@ def _watch(parts, interval: float) -> None:  # noqa: ANN001
                 tables = []
                 for rd in parts:
                     rep = read_status(rd)
-                    now = time.monotonic()
-                    rate = ""
-                    if rep.step is not None:
-                        last = prev.get(rd.node)
-                        if last is not None and now > last[0] and rep.step >= last[1]:
-                            rate = f", {(rep.step - last[1]) / (now - last[0]):.2f} steps/s"
-                        prev[rd.node] = (now, rep.step)
+                    rate = _watched_rate(prev, rd, rep)
                     tables.append(_status_table(rep, _title(rd, rate)))
                 live.update(Group(*tables))
                 time.sleep(interval)

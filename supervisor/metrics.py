@@ -30,7 +30,13 @@ METRICS: dict[str, tuple[str, str]] = {
     "resilient_run_last_checkpoint_age_seconds": ("gauge", "Seconds since the newest checkpoint was committed."),
     "resilient_run_disk_free_bytes": ("gauge", "Free bytes on the run dir's filesystem (for unprivileged users)."),
     "resilient_run_save_interval_seconds": ("gauge", "The trainer's current automatic (Young/Daly) save interval."),
+    "resilient_run_goodput_ratio": ("gauge", "Useful training time / wall time (README: What failures cost)."),
+    "resilient_run_lost_steps_total": ("counter", "Steps redone after restarts."),
+    "resilient_run_recovery_seconds": ("histogram", "Failure (attempt end) -> first step of the next attempt."),
 }
+
+# Recovery takes seconds (a quick restart) to many minutes (a large restore after a node loss).
+RECOVERY_BUCKETS = (1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
 
 Number = Union[int, float]
 
@@ -49,6 +55,9 @@ class MetricsSnapshot:
     last_checkpoint_age_s: Optional[float]
     disk_free_bytes: Optional[int]
     save_interval_s: Optional[float] = None
+    goodput: Optional[float] = None
+    lost_steps: Optional[int] = None
+    recovery_seconds: tuple[float, ...] = ()
 
 
 def _escape_label(value: str) -> str:
@@ -68,6 +77,16 @@ def _format_value(v: Number) -> str:
     return repr(float(v))
 
 
+def _histogram(name: str, run: str, values: tuple[float, ...]) -> dict[str, list[tuple[str, Number]]]:
+    """Cumulative buckets, sum and count; nothing at all before the first recovery."""
+    if not values:
+        return {name: []}
+    buckets = [(f'{run},le="{b:g}"', sum(1 for v in values if v <= b)) for b in RECOVERY_BUCKETS]
+    buckets.append((f'{run},le="+Inf"', len(values)))
+    return {name: [], f"{name}_bucket": buckets, f"{name}_sum": [(run, float(sum(values)))],
+            f"{name}_count": [(run, len(values))]}
+
+
 def render(s: MetricsSnapshot) -> str:
     """The snapshot in the Prometheus text exposition format, with # HELP and # TYPE lines."""
     run = f'run="{_escape_label(s.run)}"'
@@ -85,10 +104,20 @@ def render(s: MetricsSnapshot) -> str:
         "resilient_run_last_checkpoint_age_seconds": [(run, s.last_checkpoint_age_s)],
         "resilient_run_disk_free_bytes": [(run, s.disk_free_bytes)],
         "resilient_run_save_interval_seconds": [(run, s.save_interval_s)],
+        "resilient_run_goodput_ratio": [(run, s.goodput)],
+        "resilient_run_lost_steps_total": [(run, s.lost_steps)],
+        **_histogram("resilient_run_recovery_seconds", run, s.recovery_seconds),
     }
     out = []
     for name, (kind, help_text) in METRICS.items():
         present = [(labels, v) for labels, v in samples[name] if v is not None]
+        if kind == "histogram":
+            present = [(f"_{sfx}", lab, v) for sfx in ("bucket", "sum", "count")
+                       for lab, v in samples.get(f"{name}_{sfx}", [])]  # type: ignore[misc]
+            if present:
+                out += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
+                out.extend(f"{name}{sfx}{{{lab}}} {_format_value(v)}" for sfx, lab, v in present)
+            continue
         if not present:
             continue  # no HELP/TYPE for a family without samples: it would read as "exists, empty"
         out.append(f"# HELP {name} {help_text}")

@@ -19,6 +19,7 @@ from . import procs
 from .config import DEFAULTS, Config
 from .errors import RunDirError
 from .heartbeat import allowance
+from .progress import Progress, progress_of
 
 __all__ = ["StatusReport", "read_status", "CheckpointRow", "list_checkpoints", "open_run_dir", "lock_holder",
            "supervised_parts"]
@@ -89,6 +90,7 @@ class StatusReport:
     checkpoint_age_s: Optional[float] = None
     disk_free_bytes: Optional[int] = None
     save_interval_s: Optional[float] = None   # the shim's current save_every_seconds="auto" interval
+    progress: Optional[Progress] = None
 
     @property
     def healthy(self) -> bool:
@@ -97,7 +99,11 @@ class StatusReport:
     def to_json(self) -> dict:
         keys = ("state", "supervisor_pid", "child_pid", "attempt", "restarts", "heartbeat_age_s", "step",
                 "epoch", "loss", "last_failure", "latest_checkpoint", "save_interval_s")
-        return {k: getattr(self, k) for k in keys}
+        out = {k: getattr(self, k) for k in keys}
+        if self.progress is not None:
+            out.update(total_steps=self.progress.total_steps, steps_per_s=self.progress.steps_per_s,
+                       eta_s=self.progress.eta_s, goodput=self.progress.goodput)
+        return out
 
 
 def _newest_heartbeat(rd: RunDir) -> tuple[Optional[dict], Optional[float]]:
@@ -140,7 +146,8 @@ def read_status(rd: RunDir) -> StatusReport:
     if hb is not None and age is not None and hb.get("attempt") == state.get("attempt"):
         fresh = age <= allowance(hb.get("phase"), cfg)
     last_failure = None
-    for ev in reversed(read_events(rd)):
+    events = read_events(rd)
+    for ev in reversed(events):
         if ev.get("event") == "attempt_ended" and ev.get("kind") not in ("success", None):
             last_failure = {"kind": ev.get("kind"), "exit_code": ev.get("exit_code"), "signal": ev.get("signal"),
                             "at": ev.get("time"), "attempt": ev.get("attempt")}
@@ -166,6 +173,7 @@ def read_status(rd: RunDir) -> StatusReport:
         phase=hb.get("phase") if hb else None, heartbeat_fresh=fresh,
         checkpoint_age_s=round(ckpt_age, 3) if ckpt_age is not None else None, disk_free_bytes=free,
         save_interval_s=hb.get("save_interval_s") if hb else None,
+        progress=progress_of(rd, hb, events),
     )
 
 

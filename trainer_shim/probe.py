@@ -118,6 +118,8 @@ class Probe:
         self._batch_digest: Optional[str] = None
         self._extra_rngs: list[tuple[str, Any]] = []
         self._scanned_at = -1
+        self.num_epochs: Optional[int] = None  # set by run.epochs(n)
+        self._total_set_by: Optional[str] = None
 
     @classmethod
     def for_run(cls, run: Any) -> "Probe":
@@ -166,6 +168,27 @@ class Probe:
                 self._write({"at": MARK_BATCH, "step": self._ref_step, "changed": changed,
                              "bn": self._has_batchnorm()})
         self._ref_digests = None
+
+    def set_total_steps(self, total: Optional[int], source: str = "integration") -> None:
+        """The run's length in optimizer steps, for `status` progress and ETA (heartbeat `total_steps`).
+
+        Integrations call this with HF `max_steps` / Lightning `estimated_stepping_batches`; it wins
+        over the `run.epochs(n)` x len(loader) estimate."""
+        if total is None or total <= 0:
+            return
+        self._total_set_by = source
+        self.run._hb.fields["total_steps"] = int(total)
+
+    def on_stream(self, loader: Any) -> None:
+        """A training stream starts: with run.epochs(n) and a sized loader the length is known."""
+        if self._total_set_by == "integration" or not self.run._in_epochs or self.num_epochs is None:
+            return
+        try:
+            n = len(loader)
+        except TypeError:
+            return
+        self._total_set_by = "epochs"
+        self.run._hb.fields["total_steps"] = self.num_epochs * n
 
     def on_epoch_end(self) -> None:
         # The epoch-end checkpoint captures whatever the epoch body did after its last run.step().

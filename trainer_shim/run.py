@@ -177,6 +177,7 @@ class Run:
     def epochs(self, num_epochs: int) -> Iterator[int]:
         """Yield epoch numbers from the restored one on; the epoch-end checkpoint follows each body."""
         self._in_epochs = True
+        self._probe.num_epochs = num_epochs
         try:
             e = self.epoch
             while e < num_epochs:
@@ -202,6 +203,7 @@ class Run:
         self._stream_epoch = self.epoch
         self._stream_done = False
         self._stream_loader = loader
+        self._probe.on_stream(loader)
         resume = self._resume_stream
         self._resume_stream = None
         if resume is not None and resume["epoch"] == self.epoch and (

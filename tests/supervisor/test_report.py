@@ -70,3 +70,18 @@ def test_text_and_png(faulted_run, tmp_path):
     red = ((img[..., 0] > 0.7) & (img[..., 1] < 0.3)).sum()
     green = ((img[..., 1] > 0.4) & (img[..., 0] < 0.3)).sum()
     assert red > 100 and green > 100  # failed attempts red, the successful one green
+
+
+def test_status_progress_and_metrics(faulted_run):
+    r = run_cli("status", "--json", str(faulted_run))
+    st = json.loads(r.stdout)
+    assert st["step"] == 12 and st["total_steps"] == 100 * 8  # run.epochs(100) x 8 batches
+    assert st["steps_per_s"] > 0 and st["eta_s"] > 0
+    rep = json.loads(run_cli("report", "--json", str(faulted_run)).stdout)
+    assert st["goodput"] == rep["goodput"]
+    prom = (faulted_run / "metrics.prom").read_text()
+    # The textfile of the last write (after attempt 3 ended) carries both recoveries.
+    assert f'resilient_run_lost_steps_total{{run="run"}} {rep["lost_steps"]}' in prom
+    assert 'resilient_run_recovery_seconds_count{run="run"} 2' in prom
+    assert 'resilient_run_recovery_seconds_bucket{run="run",le="+Inf"} 2' in prom
+    assert "resilient_run_goodput_ratio{" in prom

@@ -1,0 +1,90 @@
+"""Progress of a running job (step / total, steps/s, ETA) and the failure-cost figures that
+`status` and the Prometheus textfile show; torch-free, computed from heartbeats and events."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+from typing import Optional
+
+from trainer_shim.rundir import EVENT_FIRST_STEP, RunDir
+
+from .report import build_report
+
+__all__ = ["Progress", "progress_of", "format_progress", "CostCache"]
+
+
+def _t(s: Optional[str]) -> Optional[float]:
+    try:
+        return _dt.datetime.fromisoformat(s).timestamp() if s else None
+    except (TypeError, ValueError):
+        return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Progress:
+    step: Optional[int]
+    total_steps: Optional[int]      # heartbeat `total_steps`: run.epochs(n) x len(loader), or an integration's
+    steps_per_s: Optional[float]    # this attempt's pace since its first step
+    eta_s: Optional[float]
+    goodput: Optional[float]        # only once an attempt has failed (README "What failures cost")
+
+
+def progress_of(rd: RunDir, hb: Optional[dict], events: list[dict]) -> Progress:
+    step = hb.get("step") if hb else None
+    total = hb.get("total_steps") if hb else None
+    rate = eta = None
+    first = next((e for e in reversed(events) if e.get("event") == EVENT_FIRST_STEP
+                  and hb is not None and e.get("attempt") == hb.get("attempt")), None)
+    t_hb, t_first = _t(hb.get("time") if hb else None), _t(first.get("time") if first else None)
+    if first is not None and step is not None and t_hb and t_first and t_hb > t_first and step > first["step"]:
+        rate = (step - first["step"]) / (t_hb - t_first)
+        if isinstance(total, int) and total >= step:
+            eta = (total - step) / rate
+    failed = any(e.get("event") == "attempt_ended" and e.get("kind") not in ("success", None) for e in events)
+    goodput = build_report(rd).goodput if failed else None
+    return Progress(step, total if isinstance(total, int) else None,
+                    round(rate, 3) if rate else None, round(eta, 1) if eta is not None else None, goodput)
+
+
+def _dur(s: float) -> str:
+    s = int(round(s))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else (f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s")
+
+
+def format_progress(p: Progress) -> str:
+    """`step 1,234 / 10,000 (12.3%), 4.56 steps/s, ETA 32m55s, goodput 97.1%` (parts only when known)."""
+    if p.step is None:
+        return "-"
+    parts = [f"step {p.step:,}" + (f" / {p.total_steps:,} ({p.step / p.total_steps:.1%})" if p.total_steps else "")]
+    if p.steps_per_s:
+        parts.append(f"{p.steps_per_s:.2f} steps/s")
+    if p.eta_s is not None:
+        parts.append(f"ETA {_dur(p.eta_s)}")
+    if p.goodput is not None:
+        parts.append(f"goodput {p.goodput:.1%}")
+    return ", ".join(parts)
+
+
+class CostCache:
+    """Goodput, lost steps and recovery times for the metrics textfile, recomputed only when
+    events.jsonl changed (the supervisor writes metrics every few seconds)."""
+
+    def __init__(self, rd: RunDir) -> None:
+        self.rd = rd
+        self._key: Optional[tuple[int, int]] = None
+        self._value: dict = {}
+
+    def get(self) -> dict:
+        try:
+            st = self.rd.events.stat()
+            key = (st.st_size, st.st_mtime_ns)
+        except OSError:
+            return {}
+        if key != self._key:
+            rep = build_report(self.rd)
+            self._key = key
+            self._value = {"goodput": rep.goodput, "lost_steps": rep.lost_steps,
+                           "recovery_seconds": tuple(a.recover_total for a in rep.attempts
+                                                     if a.recover_total is not None)}
+        return self._value
