@@ -73,10 +73,11 @@ def digest(obj: Any) -> str:
     return h.hexdigest()
 
 
-def _version_sum(model: Any) -> int:
+def _tensors(model: Any) -> tuple:
+    """Parameters and buffers, listed once: walking the module tree costs more than the sum itself."""
     if not isinstance(model, torch.nn.Module):
-        return 0
-    return sum(t._version for t in model.parameters()) + sum(t._version for t in model.buffers())
+        return ()
+    return tuple(model.parameters()) + tuple(model.buffers())
 
 
 def _rng_kind(obj: Any) -> Optional[str]:
@@ -118,6 +119,8 @@ class Probe:
         self._batch_digest: Optional[str] = None
         self._extra_rngs: list[tuple[str, Any]] = []
         self._scanned_at = -1
+        self._watched: tuple = ()
+        self._watched_model: Any = None
         self.num_epochs: Optional[int] = None  # set by run.epochs(n)
         self._total_set_by: Optional[str] = None
 
@@ -127,6 +130,12 @@ class Probe:
         faults = parse_faults(os.environ.get(ENV_DOCTOR_FAULTS, "")) if log else {}
         stop = os.environ.get(ENV_DOCTOR_STEPS, "")
         return cls(run, log, faults, int(stop) if log and stop.isdigit() else None)
+
+    def _version_sum(self) -> int:
+        m = self.run.model
+        if m is not self._watched_model:
+            self._watched, self._watched_model = _tensors(m), m
+        return sum([t._version for t in self._watched])
 
     # --- hooks --------------------------------------------------------------------------------
 
@@ -138,7 +147,7 @@ class Probe:
                 rundir.append_event(run.rd, EVENT_FIRST_STEP, run.attempt, step=run.global_step,
                                     restored_time=self.restored_time, pid=os.getpid())
         self._ref_step = run.global_step
-        self._ref_version = _version_sum(run.model)
+        self._ref_version = self._version_sum()
         if self.log is None:
             return
         comps = self._components()
@@ -152,7 +161,7 @@ class Probe:
 
     def on_batch(self, batch: Any) -> None:
         if self._ref_step is not None and not self._warned and self.log is None:
-            if _version_sum(self.run.model) != self._ref_version:
+            if self._version_sum() != self._ref_version:
                 self._warned = True
                 _say(f"model parameters or buffers changed after run.step() at step {self._ref_step} (before the "
                      "next batch); a checkpoint taken at run.step() misses that change, so a resume is not exact. "
