@@ -11,7 +11,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml constraints-dev.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -c constraints-dev.txt torch==2.13.0
-	$(PY) -m pip install -q -c constraints-dev.txt -e '.[torch,dev]'
+	$(PY) -m pip install -q -c constraints-dev.txt -e '.[torch,dev,hf,lightning]'
 	touch $(STAMP)
 
 test: install

@@ -45,7 +45,9 @@ def checkpoint_roots(run_dir: RunDir, extra: Iterable[Path] = ()) -> list[Path]:
     seen: set[str] = set()
     index_dirs = (entry.get("dir") if isinstance(entry, dict) else None for entry in read_index(run_dir).values())
     fallbacks = [Path(d).parent for d in index_dirs if isinstance(d, str) and d]
-    for p in (run_dir.checkpoints, *map(Path, extra), *fallbacks):
+    from ..contract_f13 import read_extra_roots  # issue 13: a HF Trainer's output_dir
+
+    for p in (run_dir.checkpoints, *map(Path, extra), *fallbacks, *read_extra_roots(run_dir)):
         key = os.path.realpath(p)
         if key not in seen:
             seen.add(key)

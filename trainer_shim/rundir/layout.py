@@ -38,8 +38,13 @@ def checkpoint_name(step: int) -> str:
 
 
 def parse_checkpoint_name(name: str) -> Optional[int]:
+    """Step of a checkpoint dir name: ours (step-XXXXXXXX) or a HF Trainer's (checkpoint-N)."""
     m = _CKPT_RE.match(name)
-    return int(m.group(1)) if m else None
+    if m:
+        return int(m.group(1))
+    from ..contract_f13 import parse_hf_checkpoint_name  # issue 13: framework layouts
+
+    return parse_hf_checkpoint_name(name)
 
 
 def heartbeat_name(rank: int) -> str:
