@@ -34,7 +34,7 @@ def main() -> None:
     cb = ResilientCallback(save_every_steps=5)
     faults = Faults(cb)
     model, loader, trainer = build(callbacks=[cb, FaultCallback(faults)])
-    model.register_forward_pre_hook(faults.in_forward)
+    model.net.register_forward_pre_hook(faults.in_forward)  # training_step calls self.net
     trainer.fit(model, train_dataloaders=loader, ckpt_path=cb.resume_from())
     torch.save({k: v.clone() for k, v in model.state_dict().items()}, a.out)
 
