@@ -43,12 +43,18 @@ def _args(spec: dict, run: Path, out: Path) -> list[str]:
     return [str(spec["job"]), *extra, "--out", str(out)]
 
 
-def _baseline(spec: dict, d: Path) -> dict[str, torch.Tensor]:
+def _start_baseline(spec: dict, d: Path) -> tuple[subprocess.Popen, Path]:
+    """The uninterrupted run, started alongside the campaign (it waits on restarts most of the time)."""
     d.mkdir(parents=True)
     run, out = d / "run", d / "weights.pt"
-    p = subprocess.run([PYTHON, *_args(spec, run, out)], env=sup_env(RESILIENT_RUN_DIR=str(run)),
-                       capture_output=True, text=True, timeout=300, cwd=d)
-    assert p.returncode == 0, p.stderr[-3000:]
+    p = subprocess.Popen([PYTHON, *_args(spec, run, out)], env=sup_env(RESILIENT_RUN_DIR=str(run)),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=d)
+    return p, out
+
+
+def _baseline(p: subprocess.Popen, out: Path) -> dict[str, torch.Tensor]:
+    _, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err[-3000:]
     return torch.load(out, weights_only=True)
 
 
@@ -59,8 +65,8 @@ def _assert_equal(out: Path, ref: dict[str, torch.Tensor]) -> None:
     assert not diff, f"weights differ from the uninterrupted run: {diff}"
 
 
-def _campaign(spec: dict, tmp_path: Path) -> None:
-    ref = _baseline(spec, tmp_path / "baseline")
+def _campaign(spec: dict, tmp_path: Path) -> list[str]:
+    base = _start_baseline(spec, tmp_path / "baseline")
     run, out = tmp_path / "run", tmp_path / "weights.pt"
     cli = ["run", "--run-dir", str(run), *FAST, *_args(spec, run, out)]
     env = sup_env(RRTEST_FAULTS=spec["faults"])
@@ -72,6 +78,7 @@ def _campaign(spec: dict, tmp_path: Path) -> None:
         _, err = p.communicate(timeout=120)
     finally:
         kill_group(p)
+        ref = _baseline(*base)
     assert p.returncode == 75, err[-3000:]
     assert ended_kinds(run) == ["signal", "signal", "hang", "preempted"], events(run)
 
@@ -106,3 +113,32 @@ def test_lightning_every_fault_bit_exact(tmp_path: Path) -> None:
     _campaign(PL, tmp_path)
     ckpts = tmp_path / "run" / "checkpoints"
     assert not [p for p in ckpts.iterdir() if p.name.startswith(".tmp-")], "a torn save was left behind"
+
+
+_IMPORTS = """
+import sys
+for name in {blocked!r}:
+    sys.modules[name] = None  # as if not installed: import raises ModuleNotFoundError, find_spec is None
+import trainer_shim, trainer_shim.integrations, trainer_shim.rundir, supervisor.cli
+heavy = [m for m in ("torch", "transformers", "lightning", "pytorch_lightning") if sys.modules.get(m) is not None]
+assert not heavy, heavy
+import {module}
+assert "trainer_shim.integrations.{other}" not in sys.modules
+print("ok")
+"""
+
+
+# Lightning's own dependency torchmetrics imports transformers whenever it is installed (it checks
+# the package metadata, so hiding the module breaks Lightning itself): that direction only checks
+# that our Lightning module does not import our HF one.
+@pytest.mark.parametrize("module, blocked, needs", [
+    ("hf", ("lightning", "pytorch_lightning"), "transformers"),
+    ("lightning", (), "lightning"),
+])
+def test_each_integration_imports_without_the_other_framework(module: str, blocked: tuple, needs: str) -> None:
+    if importlib.util.find_spec(needs) is None:
+        pytest.skip(f"{needs} not installed")
+    other = "lightning" if module == "hf" else "hf"
+    code = _IMPORTS.format(blocked=blocked, module=f"trainer_shim.integrations.{module}", other=other)
+    r = subprocess.run([PYTHON, "-c", code], env=sup_env(), capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]

@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import sys
+import time
 import traceback
 from pathlib import Path
 from types import TracebackType
@@ -84,15 +85,26 @@ class Session:
         signals.install_excepthook(self._on_exception)
         signals.tie_forked_children()
         self._stopped = False
+        self._hb_last = 0.0
 
     # --- heartbeats ----------------------------------------------------------------------------
 
     def beat(self, step: int, epoch: int, phase: str = Phase.TRAINING.value, loss: Any = None) -> None:
+        """Stamp the fields every step; the file is written at most once per heartbeat interval
+        (like run.step()), or at once when the phase changes."""
         f = self.hb.fields
+        changed = f["phase"] != phase
         f["step"], f["epoch"], f["phase"] = step, epoch, phase
         if loss is not None:
             f["loss"] = loss
-        self.hb.request()
+        now = time.monotonic()
+        if changed or now - self._hb_last >= self.hb.interval:
+            self._hb_last = now
+            self.hb.request()
+
+    def beat_due(self) -> bool:
+        """Whether the next beat() writes (so a caller can skip computing what only the file needs)."""
+        return time.monotonic() - self._hb_last >= self.hb.interval
 
     def phase(self, phase: str) -> None:
         self.hb.write_now(phase=phase)

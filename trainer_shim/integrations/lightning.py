@@ -119,7 +119,7 @@ class _Resilient:
         if s is None:
             return
         step = trainer.global_step
-        s.beat(step, trainer.current_epoch, Phase.TRAINING.value, _loss(outputs))
+        s.beat(step, trainer.current_epoch, Phase.TRAINING.value, _loss(outputs) if s.beat_due() else None)
         if s.stop.requested:
             self._save(trainer, CheckpointKind.PREEMPT)
             s.exit_preempted()
