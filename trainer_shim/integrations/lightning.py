@@ -95,6 +95,8 @@ class _Resilient:
 
         def wrapped() -> Any:
             loader = request()
+            if isinstance(loader, ResumableLoader):
+                return loader
             if isinstance(loader, (list, tuple, dict)) or loader is None:
                 say("warning: several train loaders: mid-epoch resume is not exact for them")
                 return loader
