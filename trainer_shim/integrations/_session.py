@@ -65,6 +65,26 @@ def write_manifest(directory: Path, manifest: Manifest) -> None:
                               (json.dumps(manifest.to_json(), indent=1, sort_keys=True) + "\n").encode())
 
 
+def rotate(roots: Iterable[Path], *, keep_last: int, protected: Iterable[Path] = ()) -> list[str]:
+    """Delete committed checkpoints beyond the newest `keep_last` (per pool, as for native runs),
+    never one in `protected` (the one just written, the one resumed from, a framework's best)
+    nor one that does not validate (a torn newer one is discarded on resume instead). Returns
+    the names deleted."""
+    entries, paths = [], {}
+    for step, path, _root in rundir.iter_checkpoint_dirs([Path(r) for r in roots]):
+        try:
+            info = rundir.inspect_checkpoint(path)
+        except rundir.InvalidCheckpoint:
+            continue
+        paths[path.name] = path
+        entries.append(rotation.Entry(path.name, step, info.manifest.kind, info.manifest.loss))
+    names = rotation.to_delete(entries, keep_last=keep_last, keep_epochs=keep_last, keep_best=0,
+                               protected={Path(p).name for p in protected})
+    for name in sorted(names):
+        shutil.rmtree(paths[name], ignore_errors=True)
+    return sorted(names)
+
+
 class Session:
     """One training process's side of the run dir (rank 0 of a single-process job)."""
 
@@ -180,18 +200,8 @@ class Session:
         self._rotate([Path(r) for r in roots], idx, keep=[path, *protect])
 
     def _rotate(self, roots: list[Path], idx: dict, keep: list[Path]) -> None:
-        entries, paths = [], {}
-        for step, path, _root in rundir.iter_checkpoint_dirs(roots):
-            try:
-                info = rundir.inspect_checkpoint(path)
-            except rundir.InvalidCheckpoint:
-                continue  # never delete what we cannot judge; a torn newer one is discarded on resume
-            paths[path.name] = path
-            entries.append(rotation.Entry(path.name, step, info.manifest.kind, info.manifest.loss))
-        protected = {p.name for p in keep} | ({self.resumed_from.name} if self.resumed_from else set())
-        for name in rotation.to_delete(entries, keep_last=self.keep_last, keep_epochs=self.keep_last,
-                                       keep_best=0, protected=protected):
-            shutil.rmtree(paths[name], ignore_errors=True)
+        protected = [*keep, *([self.resumed_from] if self.resumed_from else [])]
+        for name in rotate(roots, keep_last=self.keep_last, protected=protected):
             idx.pop(name, None)
         try:
             rundir.atomic_write_json(self.rd.index, idx)
