@@ -158,7 +158,7 @@ class _Resilient:
         try:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(mode=0o700)
-            trainer.save_checkpoint(tmp / LIGHTNING_CKPT)
+            trainer.save_checkpoint(tmp / LIGHTNING_CKPT, weights_only=False)  # full state: optimizer, loops, loader
             if not trainer.is_global_zero:
                 return None
             loss = s.hb.fields.get("loss")
