@@ -80,7 +80,7 @@ def bench_hf(rounds: int) -> tuple[float, float, float]:
         if with_cb:
             cbs.append(ResilientCallback())
             cb_for_hook[:] = cbs[1:]
-        tr = build(out, epochs=4, callbacks=cbs)
+        tr = build(out, epochs=10, callbacks=cbs)
         tr.args.save_strategy = "no"
         tr.args.logging_steps = 10
         tr.train()
@@ -120,7 +120,7 @@ def bench_lightning(rounds: int) -> tuple[float, float, float]:
         if with_cb:
             cbs.append(ResilientCallback(save_on_train_end=False))
             holder[:] = [cbs[1]]
-        model, loader, trainer = build(epochs=4, callbacks=cbs)
+        model, loader, trainer = build(epochs=10, callbacks=cbs)
         trainer.fit(model, train_dataloaders=loader)
         holder.append(trainer) if with_cb else None
         return stamp.t
