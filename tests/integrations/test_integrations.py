@@ -23,7 +23,9 @@ import pytest
 import torch
 
 from tests.conftest import PYTHON, REPO
-from tests.supervisor.helpers import ended_kinds, events, heartbeat, kill_group, run_cli, start_cli, sup_env, wait_until
+from trainer_shim.rundir import Event
+from tests.supervisor.helpers import run_cli, start_cli, sup_env
+from tests.support import assert_equal_state, ended_kinds, events, heartbeat, kill_group, wait_until, weights
 
 HERE = Path(__file__).resolve().parent
 # grace: the stop must save and exit within it (a framework teardown is slow on a busy 2-core box)
@@ -56,14 +58,7 @@ def _start_baseline(spec: dict, d: Path) -> tuple[subprocess.Popen, Path]:
 def _baseline(p: subprocess.Popen, out: Path) -> dict[str, torch.Tensor]:
     _, err = p.communicate(timeout=300)
     assert p.returncode == 0, err[-3000:]
-    return torch.load(out, weights_only=True)
-
-
-def _assert_equal(out: Path, ref: dict[str, torch.Tensor]) -> None:
-    got = torch.load(out, weights_only=True)
-    assert got.keys() == ref.keys()
-    diff = {k: (got[k] - ref[k]).abs().max().item() for k in got if not torch.equal(got[k], ref[k])}
-    assert not diff, f"weights differ from the uninterrupted run: {diff}"
+    return weights(out)
 
 
 def _campaign(spec: dict, tmp_path: Path) -> list[str]:
@@ -83,17 +78,17 @@ def _campaign(spec: dict, tmp_path: Path) -> list[str]:
     assert p.returncode == 75, err[-3000:]
     assert ended_kinds(run) == ["signal", "signal", "hang", "preempted"], events(run)
 
-    rejected = [e["reason"] for e in events(run, "checkpoint_rejected")]
+    rejected = [e["reason"] for e in events(run, Event.CHECKPOINT_REJECTED)]
     assert any("truncated" in r for r in rejected), rejected
-    starts = events(run, "attempt_started")
+    starts = events(run, Event.ATTEMPT_STARTED)
     stacks = run / "logs" / f"stacks-{starts[2]['pid']}.txt"
     assert "in_forward" in stacks.read_text(), "the hung attempt's stacks were not dumped"
 
     r = run_cli(*cli, env=env, cwd=tmp_path, timeout=240)
     assert r.returncode == 0, r.stderr[-3000:]
-    last = events(run, "attempt_started")[-1]
-    assert last["resume_from"] and events(run, "attempt_started")[-1]["attempt"] == 5
-    _assert_equal(out, ref)
+    last = events(run, Event.ATTEMPT_STARTED)[-1]
+    assert last["resume_from"] and last["attempt"] == 5
+    assert_equal_state(weights(out), ref, "final weights vs the uninterrupted run")
 
     v = run_cli("checkpoints", str(run), "--verify", "--json", env=env)
     assert v.returncode == 0, v.stdout + v.stderr

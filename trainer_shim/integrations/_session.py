@@ -19,8 +19,9 @@ from types import TracebackType
 from typing import Any, Iterable, Optional
 
 from .. import rotation, rundir, signals
+from ..errors import ConfigError
 from ..heartbeat import Heartbeat
-from ..rundir import CheckpointKind, FileEntry, Manifest, Phase
+from ..rundir import CheckpointKind, ErrorRecord, Event, FileEntry, Manifest, Phase, RunEnv, StepMark
 
 
 def say(msg: str) -> None:
@@ -89,16 +90,18 @@ class Session:
     """One training process's side of the run dir (rank 0 of a single-process job)."""
 
     def __init__(self, run_dir: Path, *, heartbeat_interval: float = 1.0, keep_last: int = 3) -> None:
-        self.rd = rundir.ensure_run_dir(run_dir)
         try:
-            self.attempt = int(os.environ.get(rundir.ENV_ATTEMPT, "1"))
-        except ValueError:
-            self.attempt = 1
+            self.env = RunEnv.from_environ(os.environ)
+        except rundir.EnvError as e:
+            raise ConfigError(str(e)) from e
+        self.rd = rundir.ensure_run_dir(run_dir)
+        self.attempt = self.env.attempt
         self.keep_last = keep_last
         self.resumed_from: Optional[Path] = None
         self.checkpoint_step: Optional[int] = None
         self.stop = signals.StopFlag()
         self.hb = Heartbeat(self.rd.heartbeat(0), rank=0, attempt=self.attempt, interval=heartbeat_interval)
+        self.mark = StepMark(self.rd.step_mark(0))  # before the first beat: the supervisor's reached_step relies on it
         self.hb.write_now()  # phase starting: the supervisor's startup clock stops here
         self.hb.start()
         signals.install_stack_dumps(self.rd.stacks_file(os.getpid()))
@@ -112,6 +115,7 @@ class Session:
     def beat(self, step: int, epoch: int, phase: str = Phase.TRAINING.value, loss: Any = None) -> None:
         """Stamp the fields every step; the file is written at most once per heartbeat interval
         (like run.step()), or at once when the phase changes."""
+        self.mark.set(step)
         f = self.hb.fields
         changed = f["phase"] != phase
         f["step"], f["epoch"], f["phase"] = step, epoch, phase
@@ -131,7 +135,7 @@ class Session:
 
     # --- events, errors ------------------------------------------------------------------------
 
-    def event(self, event: str, **fields: Any) -> None:
+    def event(self, event: Event, **fields: Any) -> None:
         try:
             rundir.append_event(self.rd, event, self.attempt, **fields)
         except OSError as e:
@@ -139,16 +143,16 @@ class Session:
 
     def reject(self, path: Path, reason: str) -> None:
         say(f"warning: rejected checkpoint {path}: {reason}")
-        self.event("checkpoint_rejected", path=str(path), reason=reason)
+        self.event(Event.CHECKPOINT_REJECTED, path=str(path), reason=reason)
 
     def _on_exception(self, tp: type, value: BaseException, tb: Optional[TracebackType]) -> None:
         if issubclass(tp, (SystemExit, KeyboardInterrupt)):
             return
-        rec = {"type": signals.qualified_name(tp), "message": str(value),
-               "traceback": "".join(traceback.format_exception(tp, value, tb)),
-               "step": self.hb.fields.get("step"), "time": rundir.now_iso()}
+        rec = ErrorRecord(type=signals.qualified_name(tp), message=str(value),
+                          traceback="".join(traceback.format_exception(tp, value, tb)),
+                          step=self.hb.fields.get("step"), time=rundir.now_iso())
         try:
-            rundir.atomic_write_json(self.rd.error_file(self.attempt), rec)
+            rundir.atomic_write_json(self.rd.error_file(self.attempt), rec.to_json())
         except OSError as e:
             say(f"warning: cannot write {self.rd.error_file(self.attempt)}: {e}")
 
@@ -157,8 +161,8 @@ class Session:
     def choose(self, roots: Iterable[Path]) -> Optional[rundir.CheckpointInfo]:
         """The supervisor's choice (RESILIENT_RESUME_FROM) if it verifies, else the newest valid one."""
         roots = [Path(r) for r in roots]
-        requested = os.environ.get(rundir.ENV_RESUME_FROM)
-        if requested == rundir.RESUME_NONE:
+        requested = self.env.resume_from
+        if self.env.fresh_start_requested:
             return None
         below = None
         if requested:
@@ -214,6 +218,7 @@ class Session:
         """After the preempt checkpoint committed: heartbeat `stopping`, exit 75."""
         self.hb.stop()
         self.hb.write_now(phase=Phase.STOPPING.value)
+        self.mark.close()
         say(f"stop requested (signal {self.stop.signum}); checkpoint at step {self.checkpoint_step}; "
             f"exiting {rundir.EXIT_PREEMPTED}")
         sys.exit(rundir.EXIT_PREEMPTED)
@@ -223,3 +228,4 @@ class Session:
             self._stopped = True
             self.hb.stop()
             self.hb.write_now(phase=Phase.FINISHED.value)
+            self.mark.close()

@@ -23,8 +23,7 @@ from typing import Any, Optional
 from transformers import TrainerCallback
 
 from .. import rundir
-from ..contract_f13 import EVALUATING, hf_checkpoint_name, read_extra_roots, record_extra_root
-from ..rundir import CheckpointKind, Phase
+from ..rundir import CheckpointKind, Event, Phase, hf_checkpoint_name, read_extra_roots, record_extra_root
 from ._session import Session, hash_tree, make_manifest, say, write_manifest
 
 __all__ = ["ResilientCallback"]
@@ -112,7 +111,8 @@ class ResilientCallback(TrainerCallback):
 
     def _beat_for(self, control: Any, state: Any) -> None:
         """The phase of what the Trainer does next in this step: evaluate, save, or train on."""
-        phase = EVALUATING if control.should_evaluate else Phase.SAVING.value if control.should_save else Phase.TRAINING.value
+        phase = (Phase.EVALUATING if control.should_evaluate else Phase.SAVING if control.should_save
+                 else Phase.TRAINING).value
         s = self.session
         s.beat(state.global_step, int(state.epoch or 0), phase, self._loss)
         if phase != Phase.TRAINING.value:
@@ -145,7 +145,7 @@ class ResilientCallback(TrainerCallback):
                                      batch_in_epoch=0, kind=kind, loss=self._loss)
             write_manifest(path, manifest)
         except OSError as e:
-            s.event("checkpoint_failed", path=str(path), error=f"{e.strerror or e}")
+            s.event(Event.CHECKPOINT_FAILED, path=str(path), error=f"{e.strerror or e}")
             say(f"warning: cannot commit {path}: {e}; training continues")
         else:
             best = state.best_model_checkpoint

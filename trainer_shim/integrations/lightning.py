@@ -20,8 +20,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .. import rundir
-from ..contract_f13 import EVALUATING, LIGHTNING_CKPT
-from ..rundir import CheckpointKind, Phase
+from ..rundir import LIGHTNING_CKPT, CheckpointKind, Event, Phase
 from ._resumable import ResumableLoader
 from ._session import Session, hash_tree, make_manifest, say, write_manifest
 
@@ -130,7 +129,7 @@ class _Resilient:
 
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
         if self.session is not None:
-            self.session.phase(EVALUATING)
+            self.session.phase(Phase.EVALUATING.value)
 
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
         if self.session is not None:
@@ -170,7 +169,7 @@ class _Resilient:
             rundir.fsync_dir(final.parent)
         except OSError as e:
             shutil.rmtree(tmp, ignore_errors=True)
-            s.event("checkpoint_failed", path=str(final), error=f"{e.strerror or e}")
+            s.event(Event.CHECKPOINT_FAILED, path=str(final), error=f"{e.strerror or e}")
             say(f"warning: checkpoint at step {step} failed: {e}; training continues")
             s.hb.end_save()
             return None

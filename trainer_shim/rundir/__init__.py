@@ -19,6 +19,7 @@ One module per idea:
     manifest   MANIFEST.json, CheckpointKind, checkpoint validation
     selection  newest valid checkpoint, the `latest` link
     index      checkpoint_metadata.json, checkpoint search roots
+    frameworks HF Trainer / Lightning layouts: checkpoint-N dirs, extra roots, member names
 
 Run-dir layout::
 
@@ -33,6 +34,8 @@ Run-dir layout::
       checkpoints/step-XXXXXXXX/ committed checkpoints, MANIFEST.json written last
       checkpoints/.tmp-*         in-flight or abandoned writes, never chosen
       checkpoints/latest         symlink to the newest committed checkpoint
+      checkpoint-N/              a HF Trainer's checkpoints (in its output_dir; MANIFEST.json added)
+      checkpoint_roots.json      other dirs holding checkpoint dirs (a Trainer's output_dir)
       logs/attempt-NNNN.log      child output per attempt (supervisor writes)
       logs/stacks-<pid>.txt      faulthandler dumps on SIGUSR1 (shim writes)
       errors/attempt-N.json      uncaught exception of attempt N (shim writes; rank 0)
@@ -49,6 +52,10 @@ from .env import (
 )
 from .errors import ContractError, EnvError, InvalidCheckpoint
 from .events import POISONED, Event, append_event, is_poisoning, next_attempt_number, poisoned_checkpoints, read_events
+from .frameworks import (
+    HF_PREFIX, LIGHTNING_CKPT, ROOTS_FILE, hf_checkpoint_name, parse_hf_checkpoint_name, read_extra_roots,
+    record_extra_root, roots_file,
+)
 from .index import checkpoint_roots, index_entry, read_index
 from .layout import (
     CHECKPOINTS, CKPT_PREFIX, LATEST, NODES, RUN_DIR_MODE, TMP_PREFIX, RunDir, checkpoint_name,
@@ -88,4 +95,7 @@ __all__ = [
     "FORMAT_VERSION", "MANIFEST_NAME", "CheckpointKind", "FileEntry", "Manifest", "CheckpointInfo",
     "new_hasher", "digest_file", "safe_member", "inspect_checkpoint", "iter_checkpoint_dirs", "newest_valid",
     "repoint_latest", "index_entry", "read_index", "checkpoint_roots",
+    # framework layouts (issue 13)
+    "HF_PREFIX", "hf_checkpoint_name", "parse_hf_checkpoint_name", "ROOTS_FILE", "roots_file", "read_extra_roots",
+    "record_extra_root", "LIGHTNING_CKPT",
 ]

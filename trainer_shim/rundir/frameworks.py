@@ -1,4 +1,4 @@
-"""Contract facts of the framework integrations (issue 13); torch-free, imported by both sides.
+"""Framework layouts (issue 13): where HF Trainer and Lightning checkpoints live, and how both sides find them.
 
 Framework checkpoints live where the framework puts them:
 * HF Trainer: ``<output_dir>/checkpoint-<N>/`` (N = global step, no padding). The callback adds
@@ -13,12 +13,16 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
-from . import rundir
+from .atomic import atomic_write_json, read_json
+from .errors import ContractError
+
+if TYPE_CHECKING:  # layout imports this module (checkpoint dir names)
+    from .layout import RunDir
 
 __all__ = ["HF_PREFIX", "parse_hf_checkpoint_name", "hf_checkpoint_name", "ROOTS_FILE", "roots_file",
-           "read_extra_roots", "record_extra_root", "EVALUATING", "LIGHTNING_CKPT"]
+           "read_extra_roots", "record_extra_root", "LIGHTNING_CKPT"]
 
 HF_PREFIX = "checkpoint-"
 _HF_RE = re.compile(r"^checkpoint-(\d+)$")
@@ -26,9 +30,6 @@ _HF_RE = re.compile(r"^checkpoint-(\d+)$")
 # RUN_DIR/checkpoint_roots.json: {"roots": ["/abs/dir", ...]} — extra dirs holding checkpoint
 # dirs (a Trainer's output_dir); written by the integration, read by both sides.
 ROOTS_FILE = "checkpoint_roots.json"
-
-# Heartbeat phase while a framework evaluates (judged with the heartbeat timeout, like training).
-EVALUATING = "evaluating"
 
 # The one member of a Lightning checkpoint dir (Lightning's own checkpoint file).
 LIGHTNING_CKPT = "lightning.ckpt"
@@ -43,24 +44,24 @@ def parse_hf_checkpoint_name(name: str) -> Optional[int]:
     return int(m.group(1)) if m else None
 
 
-def roots_file(rd: "rundir.RunDir") -> Path:
+def roots_file(rd: "RunDir") -> Path:
     return rd.root / ROOTS_FILE
 
 
-def read_extra_roots(rd: "rundir.RunDir") -> list[Path]:
+def read_extra_roots(rd: "RunDir") -> list[Path]:
     """Extra checkpoint roots recorded in the run dir (never raises: a bad file lists nothing)."""
     try:
-        d = rundir.read_json(roots_file(rd))
-    except rundir.ContractError:
+        d = read_json(roots_file(rd))
+    except ContractError:
         return []
     roots = d.get("roots") if isinstance(d, dict) else None
     return [Path(r) for r in roots if isinstance(r, str) and r] if isinstance(roots, list) else []
 
 
-def record_extra_root(rd: "rundir.RunDir", root: Path) -> None:
+def record_extra_root(rd: "RunDir", root: Path) -> None:
     """Add `root` (absolute) to checkpoint_roots.json, atomically; a no-op when already there."""
     root = Path(os.path.abspath(root))
     have = read_extra_roots(rd)
     if root in have:
         return
-    rundir.atomic_write_json(roots_file(rd), {"roots": [str(p) for p in [*have, root]]})
+    atomic_write_json(roots_file(rd), {"roots": [str(p) for p in [*have, root]]})
