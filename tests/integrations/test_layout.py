@@ -52,6 +52,5 @@ def test_a_trainer_output_dir_outside_the_run_dir_is_searched_by_both_sides(tmp_
     assert rejected == [("checkpoint-20", "no MANIFEST.json (incomplete or damaged)")]
     r = subprocess.run([PYTHON, "-m", "supervisor", "checkpoints", str(rd.root), "--verify", "--json"],
                        env=sup_env(), capture_output=True, text=True, timeout=60, cwd=REPO)
-    assert "checkpoint-10" in r.stdout and "checkpoint-20" in r.stdout, r.stdout + r.stderr
-    listed = json.loads(r.stdout)
-    assert listed, r.stdout
+    listed = {c["name"]: c["valid"] for c in json.loads(r.stdout)}
+    assert listed == {"checkpoint-10": True, "checkpoint-20": False}, r.stdout + r.stderr
