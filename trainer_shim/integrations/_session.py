@@ -109,6 +109,7 @@ class Session:
         signals.tie_forked_children()
         self._stopped = False
         self._hb_last = 0.0
+        self._before_eval = Phase.STARTING.value
 
     # --- heartbeats ----------------------------------------------------------------------------
 
@@ -130,8 +131,14 @@ class Session:
         """Whether the next beat() writes (so a caller can skip computing what only the file needs)."""
         return time.monotonic() - self._hb_last >= self.hb.interval
 
-    def phase(self, phase: str) -> None:
-        self.hb.write_now(phase=phase)
+    def evaluating(self, on: bool) -> None:
+        """Phase `evaluating` around an evaluation, then back to the phase before it (a sanity
+        check before the first step returns to `starting`)."""
+        if on:
+            self._before_eval = self.hb.fields["phase"]
+            self.hb.write_now(phase=Phase.EVALUATING.value)
+        else:
+            self.hb.write_now(phase=self._before_eval)
 
     # --- events, errors ------------------------------------------------------------------------
 

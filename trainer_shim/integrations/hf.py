@@ -86,7 +86,9 @@ class ResilientCallback(TrainerCallback):
         self._limit = args.save_total_limit
         s.keep_last = self._limit if self._limit else _UNLIMITED
         args.save_total_limit = None  # we rotate, after our manifest is committed
-        s.beat(state.global_step, int(state.epoch or 0))
+        # The phase stays `starting` (startup timeout) until the first step ends: the Trainer may
+        # still restore state and skip batches here.
+        s.beat(state.global_step, int(state.epoch or 0), Phase.STARTING.value)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         args.save_total_limit = self._limit

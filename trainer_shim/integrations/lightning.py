@@ -111,7 +111,7 @@ class _Resilient:
         # After Lightning's own SIGTERM handler (it would raise SystemExit(1) at the next batch,
         # before our save): SIGTERM now means "save at this step's end and exit 75".
         s.stop.install()
-        s.beat(trainer.global_step, trainer.current_epoch)
+        s.beat(trainer.global_step, trainer.current_epoch, Phase.STARTING.value)  # `training` from the first step on
 
     # --- per step ------------------------------------------------------------------------------
 
@@ -129,11 +129,11 @@ class _Resilient:
 
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
         if self.session is not None:
-            self.session.phase(Phase.EVALUATING.value)
+            self.session.evaluating(True)
 
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
         if self.session is not None:
-            self.session.phase(Phase.TRAINING.value)
+            self.session.evaluating(False)
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         if self.session is None:
