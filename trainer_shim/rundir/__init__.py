@@ -21,6 +21,7 @@ One module per idea:
     index      checkpoint_metadata.json, checkpoint search roots
     policies   issue 16: EXIT_DIVERGED, strict-resume env, learned-timeout file
     insight    doctor mode (RESILIENT_DOCTOR*), digest-log records, the first_step event
+    frameworks HF Trainer / Lightning layouts: checkpoint-N dirs, extra roots, member names
 
 Run-dir layout::
 
@@ -36,6 +37,8 @@ Run-dir layout::
       checkpoints/step-XXXXXXXX/ committed checkpoints, MANIFEST.json written last
       checkpoints/.tmp-*         in-flight or abandoned writes, never chosen
       checkpoints/latest         symlink to the newest committed checkpoint
+      checkpoint-N/              a HF Trainer's checkpoints (in its output_dir; MANIFEST.json added)
+      checkpoint_roots.json      other dirs holding checkpoint dirs (a Trainer's output_dir)
       logs/attempt-NNNN.log      child output per attempt (supervisor writes)
       logs/stacks-<pid>.txt      faulthandler dumps on SIGUSR1 (shim writes)
       errors/attempt-N.json      uncaught exception of attempt N (shim writes; rank 0)
@@ -52,6 +55,10 @@ from .env import (
 )
 from .errors import ContractError, EnvError, InvalidCheckpoint
 from .events import POISONED, Event, append_event, is_poisoning, next_attempt_number, poisoned_checkpoints, read_events
+from .frameworks import (
+    HF_PREFIX, LIGHTNING_CKPT, ROOTS_FILE, hf_checkpoint_name, parse_hf_checkpoint_name, read_extra_roots,
+    record_extra_root, roots_file,
+)
 from .index import checkpoint_roots, index_entry, read_index
 from .insight import (
     ENV_DOCTOR, ENV_DOCTOR_FAULTS, ENV_DOCTOR_STEPS, EVENT_FIRST_STEP, FAULT_KILL, FAULT_RAISE, MARK_BATCH, MARK_EPOCH,
@@ -104,4 +111,7 @@ __all__ = [
     "repoint_latest", "index_entry", "read_index", "checkpoint_roots",
     "ENV_DOCTOR", "ENV_DOCTOR_FAULTS", "ENV_DOCTOR_STEPS", "EVENT_FIRST_STEP", "MARK_STEP", "MARK_BATCH", "MARK_EPOCH",
     "FAULT_KILL", "FAULT_RAISE", "parse_faults",
+    # framework layouts (issue 13)
+    "HF_PREFIX", "hf_checkpoint_name", "parse_hf_checkpoint_name", "ROOTS_FILE", "roots_file", "read_extra_roots",
+    "record_extra_root", "LIGHTNING_CKPT",
 ]

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from .atomic import read_json
 from .errors import ContractError
+from .frameworks import read_extra_roots
 from .layout import RunDir
 from .manifest import Manifest
 
@@ -45,7 +46,8 @@ def checkpoint_roots(run_dir: RunDir, extra: Iterable[Path] = ()) -> list[Path]:
     seen: set[str] = set()
     index_dirs = (entry.get("dir") if isinstance(entry, dict) else None for entry in read_index(run_dir).values())
     fallbacks = [Path(d).parent for d in index_dirs if isinstance(d, str) and d]
-    for p in (run_dir.checkpoints, *map(Path, extra), *fallbacks):
+    # ... and the dirs a framework integration recorded (a HF Trainer's output_dir).
+    for p in (run_dir.checkpoints, *map(Path, extra), *fallbacks, *read_extra_roots(run_dir)):
         key = os.path.realpath(p)
         if key not in seen:
             seen.add(key)

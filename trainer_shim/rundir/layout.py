@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .errors import ContractError
+from .frameworks import parse_hf_checkpoint_name
 
 __all__ = [
     "CHECKPOINTS", "NODES", "LATEST", "TMP_PREFIX", "CKPT_PREFIX", "RUN_DIR_MODE",
@@ -38,8 +39,9 @@ def checkpoint_name(step: int) -> str:
 
 
 def parse_checkpoint_name(name: str) -> Optional[int]:
+    """Step of a checkpoint dir name: ours (step-XXXXXXXX) or a HF Trainer's (checkpoint-N)."""
     m = _CKPT_RE.match(name)
-    return int(m.group(1)) if m else None
+    return int(m.group(1)) if m else parse_hf_checkpoint_name(name)
 
 
 def heartbeat_name(rank: int) -> str:

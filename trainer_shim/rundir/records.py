@@ -22,11 +22,12 @@ __all__ = [
 
 
 class Phase(str, enum.Enum):
-    """Heartbeat phase: starting -> training <-> saving -> stopping | finished."""
+    """Heartbeat phase: starting -> training <-> saving | evaluating -> stopping | finished."""
 
     STARTING = "starting"
     TRAINING = "training"
     SAVING = "saving"
+    EVALUATING = "evaluating"  # a framework's evaluation (issue 13); judged with the heartbeat timeout
     STOPPING = "stopping"
     FINISHED = "finished"
 

@@ -61,7 +61,7 @@ def newest_valid(
     dirs = [Path(d) for d in dirs]
     excluded = {str(Path(e)) for e in exclude}
     for d in dirs:
-        _check_latest_link(d, on_reject)
+        _check_latest_link(d, on_reject, dirs)
     for step, path, root in iter_checkpoint_dirs(dirs):
         if below_step is not None and step >= below_step:
             continue
@@ -83,13 +83,14 @@ def newest_valid(
     return None
 
 
-def _check_latest_link(ckpt_root: Path, on_reject: Optional[OnReject]) -> None:
-    """Report a `latest` link that dangles or leaves the checkpoints dir; selection never follows it."""
+def _check_latest_link(ckpt_root: Path, on_reject: Optional[OnReject], roots: Iterable[Path] = ()) -> None:
+    """Report a `latest` link that dangles or leaves the searched dirs; selection never follows it."""
     link = ckpt_root / LATEST
     if not link.is_symlink() or on_reject is None:
         return
     target = link.resolve()
-    if not inside(target, ckpt_root.resolve()):
+    # A HF Trainer's checkpoints live in its output_dir: `latest` may point into another root.
+    if not any(inside(target, Path(r).resolve()) for r in [ckpt_root, *roots]):
         on_reject(link, f"latest points outside {ckpt_root} ({os.readlink(link)})")
     elif not target.exists():
         on_reject(link, f"latest points to missing {os.readlink(link)}")

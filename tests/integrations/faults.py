@@ -1,0 +1,74 @@
+"""Job-side fault injection for the integration tests (test-only knob RRTEST_FAULTS).
+
+RRTEST_FAULTS="1:truncate@17,2:savekill@25,3:hang@28,4:pause@32": in attempt A (RESILIENT_ATTEMPT),
+at global step S:
+  kill      SIGKILL at the end of step S (after the callbacks ran)
+  truncate  truncate the largest file of the newest committed checkpoint, then SIGKILL (disk damage + kill)
+  savekill  SIGKILL inside the framework's save at step S, before our manifest
+  hang      block forever inside the model's forward of step S+1 (a hung training_step)
+  pause     hold step S's end until SIGTERM arrived (the test sends it), heartbeating, so the stop is seen there
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from trainer_shim import rundir
+
+
+def _parse() -> dict[str, int]:
+    attempt = os.environ.get(rundir.ENV_ATTEMPT, "1")
+    out = {}
+    for item in filter(None, os.environ.get("RRTEST_FAULTS", "").split(",")):
+        a, _, rest = item.partition(":")
+        kind, _, step = rest.partition("@")
+        if a == attempt:
+            out[kind] = int(step)
+    return out
+
+
+class Faults:
+    def __init__(self, cb: Any) -> None:
+        self.cb = cb
+        self.plan = _parse()
+        self.step = 0
+
+    def at(self, kind: str, step: int) -> bool:
+        return self.plan.get(kind) == step
+
+    def after_step(self, step: int) -> None:
+        self.step = step
+        if self.at("kill", step):
+            os.kill(os.getpid(), signal.SIGKILL)
+        if self.at("truncate", step):
+            self._truncate_newest()
+            os.kill(os.getpid(), signal.SIGKILL)
+        if self.at("pause", step):
+            s = self.cb.session
+            deadline = time.monotonic() + 120
+            while not s.stop.requested and time.monotonic() < deadline:
+                s.hb.request()
+                time.sleep(0.05)
+
+    def in_save(self, step: int) -> None:
+        if self.at("savekill", step):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def in_forward(self, *args: Any) -> None:
+        if self.plan.get("hang") is not None and self.step == self.plan["hang"]:
+            while True:
+                time.sleep(1)
+
+    def _truncate_newest(self) -> None:
+        rd = self.cb.session.rd
+        info: Optional[rundir.CheckpointInfo] = rundir.newest_valid(rundir.checkpoint_roots(rd))
+        assert info is not None, "truncate: no committed checkpoint yet"
+        biggest = max(info.manifest.files.items(), key=lambda kv: kv[1].size)[0]
+        p = Path(info.path) / biggest
+        with open(p, "r+b") as f:
+            f.truncate(p.stat().st_size // 2)
+            os.fsync(f.fileno())

@@ -1,0 +1,43 @@
+"""examples/lightning_train.py plus the test's fault knobs (tests/integrations/faults.py)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import argparse  # noqa: E402
+
+import torch  # noqa: E402
+
+from examples.lightning_train import build, pl  # noqa: E402
+from tests.integrations.faults import Faults  # noqa: E402
+from trainer_shim.integrations.lightning import ResilientCallback  # noqa: E402
+
+
+class FaultCallback(pl.Callback):
+    def __init__(self, faults: Faults) -> None:
+        self.faults = faults
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint):  # inside trainer.save_checkpoint
+        self.faults.in_save(trainer.global_step)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.faults.after_step(trainer.global_step)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True)
+    a = p.parse_args()
+    cb = ResilientCallback(save_every_steps=5)
+    faults = Faults(cb)
+    model, loader, trainer = build(callbacks=[cb, FaultCallback(faults)])
+    model.net.register_forward_pre_hook(faults.in_forward)  # training_step calls self.net
+    trainer.fit(model, train_dataloaders=loader, ckpt_path=cb.resume_from())
+    torch.save({k: v.clone() for k, v in model.state_dict().items()}, a.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+"""The integrations' rotation (which replaces the HF Trainer's save_total_limit) on real checkpoint dirs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from trainer_shim.integrations._session import hash_tree, make_manifest, rotate, write_manifest
+from trainer_shim.rundir import CheckpointKind
+
+
+def _checkpoint(root: Path, step: int, manifest: bool = True) -> Path:
+    d = root / f"checkpoint-{step}"
+    d.mkdir(parents=True)
+    (d / "model.safetensors").write_bytes(bytes([step % 256]) * 100)
+    if manifest:
+        write_manifest(d, make_manifest(hash_tree(d), step=step, epoch=0, batch_in_epoch=0,
+                                        kind=CheckpointKind.STEP, loss=None))
+    return d
+
+
+def test_rotation_keeps_the_newest_the_resumed_one_and_anything_it_cannot_judge(tmp_path: Path) -> None:
+    for s in (5, 10, 15, 20):
+        _checkpoint(tmp_path, s)
+    torn = _checkpoint(tmp_path, 25, manifest=False)  # e.g. being written, or torn: never rotated away
+    resumed = tmp_path / "checkpoint-5"
+    deleted = rotate([tmp_path], keep_last=2, protected=[tmp_path / "checkpoint-20", resumed])
+    assert deleted == ["checkpoint-10"]
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == ["checkpoint-15", "checkpoint-20", "checkpoint-25", "checkpoint-5"], left
+    assert torn.exists() and resumed.exists()
+
+
+def test_a_trainer_output_dir_outside_the_run_dir_is_searched_by_both_sides(tmp_path: Path) -> None:
+    """output_dir != run dir: the callback records it; selection and `resilient-run checkpoints --verify` see it."""
+    import json
+    import subprocess
+
+    from tests.conftest import PYTHON, REPO
+    from tests.supervisor.helpers import sup_env
+    from trainer_shim.rundir import checkpoint_roots, ensure_run_dir, newest_valid, record_extra_root
+
+    out = tmp_path / "hf-output"
+    _checkpoint(out, 10)
+    (out / "checkpoint-20").mkdir()  # torn: the Trainer was killed in its save
+    rd = ensure_run_dir(tmp_path / "run")
+    assert newest_valid(checkpoint_roots(rd)) is None
+    record_extra_root(rd, out)
+    record_extra_root(rd, out)  # idempotent
+    rejected: list = []
+    info = newest_valid(checkpoint_roots(rd), on_reject=lambda p, r: rejected.append((p.name, r)))
+    assert info is not None and info.path == out / "checkpoint-10"
+    assert rejected == [("checkpoint-20", "no MANIFEST.json (incomplete or damaged)")]
+    r = subprocess.run([PYTHON, "-m", "supervisor", "checkpoints", str(rd.root), "--verify", "--json"],
+                       env=sup_env(), capture_output=True, text=True, timeout=60, cwd=REPO)
+    listed = {c["name"]: c["valid"] for c in json.loads(r.stdout)}
+    assert listed == {"checkpoint-10": True, "checkpoint-20": False}, r.stdout + r.stderr

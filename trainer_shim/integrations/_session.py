@@ -1,0 +1,238 @@
+"""What both framework callbacks share: one process's run-dir session.
+
+Heartbeats, the SIGTERM stop flag, SIGUSR1 stack dumps, the error record of an uncaught
+exception, events, committing a checkpoint dir (manifest last, fsynced), the index, `latest`,
+rotation and the choice of the checkpoint to resume from. All of it is the shim's own code
+(rundir, heartbeat, signals, rotation); nothing here imports a framework.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+import traceback
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Iterable, Optional
+
+from .. import rotation, rundir, signals
+from ..errors import ConfigError
+from ..heartbeat import Heartbeat
+from ..rundir import CheckpointKind, ErrorRecord, Event, FileEntry, Manifest, Phase, RunEnv, StepMark
+
+
+def say(msg: str) -> None:
+    print(f"trainer_shim: {msg}", file=sys.stderr, flush=True)
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def hash_tree(directory: Path) -> dict[str, FileEntry]:
+    """Size and xxh3-128 of every file under `directory` (the manifest excluded), each fsynced."""
+    files: dict[str, FileEntry] = {}
+    for dirpath, dirnames, filenames in os.walk(directory):
+        dirnames.sort()
+        for name in sorted(filenames):
+            full = Path(dirpath) / name
+            rel = full.relative_to(directory).as_posix()
+            if rel == rundir.MANIFEST_NAME or full.is_symlink():
+                continue
+            _fsync_file(full)
+            files[rel] = FileEntry(full.stat().st_size, rundir.digest_file(full))
+        rundir.fsync_dir(Path(dirpath))
+    return files
+
+
+def make_manifest(files: dict[str, FileEntry], *, step: int, epoch: int, batch_in_epoch: int,
+                  kind: CheckpointKind, loss: Optional[float]) -> Manifest:
+    torch = sys.modules.get("torch")
+    return Manifest(global_step=step, epoch=epoch, batch_in_epoch=batch_in_epoch, kind=kind, loss=loss,
+                    created_at=rundir.now_iso(), files=files,
+                    torch_version=getattr(torch, "__version__", None), python_version=sys.version.split()[0])
+
+
+def write_manifest(directory: Path, manifest: Manifest) -> None:
+    """MANIFEST.json into an already-named dir: temp file, fsync, rename, fsync the dir."""
+    rundir.atomic_write_bytes(directory / rundir.MANIFEST_NAME,
+                              (json.dumps(manifest.to_json(), indent=1, sort_keys=True) + "\n").encode())
+
+
+def rotate(roots: Iterable[Path], *, keep_last: int, protected: Iterable[Path] = ()) -> list[str]:
+    """Delete committed checkpoints beyond the newest `keep_last` (per pool, as for native runs),
+    never one in `protected` (the one just written, the one resumed from, a framework's best)
+    nor one that does not validate (a torn newer one is discarded on resume instead). Returns
+    the names deleted."""
+    entries, paths = [], {}
+    for step, path, _root in rundir.iter_checkpoint_dirs([Path(r) for r in roots]):
+        try:
+            info = rundir.inspect_checkpoint(path)
+        except rundir.InvalidCheckpoint:
+            continue
+        paths[path.name] = path
+        entries.append(rotation.Entry(path.name, step, info.manifest.kind, info.manifest.loss))
+    names = rotation.to_delete(entries, keep_last=keep_last, keep_epochs=keep_last, keep_best=0,
+                               protected={Path(p).name for p in protected})
+    for name in sorted(names):
+        shutil.rmtree(paths[name], ignore_errors=True)
+    return sorted(names)
+
+
+class Session:
+    """One training process's side of the run dir (rank 0 of a single-process job)."""
+
+    def __init__(self, run_dir: Path, *, heartbeat_interval: float = 1.0, keep_last: int = 3) -> None:
+        try:
+            self.env = RunEnv.from_environ(os.environ)
+        except rundir.EnvError as e:
+            raise ConfigError(str(e)) from e
+        self.rd = rundir.ensure_run_dir(run_dir)
+        self.attempt = self.env.attempt
+        self.keep_last = keep_last
+        self.resumed_from: Optional[Path] = None
+        self.checkpoint_step: Optional[int] = None
+        self.stop = signals.StopFlag()
+        self.hb = Heartbeat(self.rd.heartbeat(0), rank=0, attempt=self.attempt, interval=heartbeat_interval)
+        self.mark = StepMark(self.rd.step_mark(0))  # before the first beat: the supervisor's reached_step relies on it
+        self.hb.write_now()  # phase starting: the supervisor's startup clock stops here
+        self.hb.start()
+        signals.install_stack_dumps(self.rd.stacks_file(os.getpid()))
+        signals.install_excepthook(self._on_exception)
+        signals.tie_forked_children()
+        self._stopped = False
+        self._hb_last = 0.0
+        self._before_eval = Phase.STARTING.value
+
+    # --- heartbeats ----------------------------------------------------------------------------
+
+    def beat(self, step: int, epoch: int, phase: str = Phase.TRAINING.value, loss: Any = None) -> None:
+        """Stamp the fields every step; the file is written at most once per heartbeat interval
+        (like run.step()), or at once when the phase changes."""
+        self.mark.set(step)
+        f = self.hb.fields
+        changed = f["phase"] != phase
+        f["step"], f["epoch"], f["phase"] = step, epoch, phase
+        if loss is not None:
+            f["loss"] = loss
+        now = time.monotonic()
+        if changed or now - self._hb_last >= self.hb.interval:
+            self._hb_last = now
+            self.hb.request()
+
+    def beat_due(self) -> bool:
+        """Whether the next beat() writes (so a caller can skip computing what only the file needs)."""
+        return time.monotonic() - self._hb_last >= self.hb.interval
+
+    def evaluating(self, on: bool) -> None:
+        """Phase `evaluating` around an evaluation, then back to the phase before it (a sanity
+        check before the first step returns to `starting`)."""
+        if on:
+            self._before_eval = self.hb.fields["phase"]
+            self.hb.write_now(phase=Phase.EVALUATING.value)
+        else:
+            self.hb.write_now(phase=self._before_eval)
+
+    # --- events, errors ------------------------------------------------------------------------
+
+    def event(self, event: Event, **fields: Any) -> None:
+        try:
+            rundir.append_event(self.rd, event, self.attempt, **fields)
+        except OSError as e:
+            say(f"warning: cannot append to {self.rd.events}: {e}")
+
+    def reject(self, path: Path, reason: str) -> None:
+        say(f"warning: rejected checkpoint {path}: {reason}")
+        self.event(Event.CHECKPOINT_REJECTED, path=str(path), reason=reason)
+
+    def _on_exception(self, tp: type, value: BaseException, tb: Optional[TracebackType]) -> None:
+        if issubclass(tp, (SystemExit, KeyboardInterrupt)):
+            return
+        rec = ErrorRecord(type=signals.qualified_name(tp), message=str(value),
+                          traceback="".join(traceback.format_exception(tp, value, tb)),
+                          step=self.hb.fields.get("step"), time=rundir.now_iso())
+        try:
+            rundir.atomic_write_json(self.rd.error_file(self.attempt), rec.to_json())
+        except OSError as e:
+            say(f"warning: cannot write {self.rd.error_file(self.attempt)}: {e}")
+
+    # --- resume --------------------------------------------------------------------------------
+
+    def choose(self, roots: Iterable[Path]) -> Optional[rundir.CheckpointInfo]:
+        """The supervisor's choice (RESILIENT_RESUME_FROM) if it verifies, else the newest valid one."""
+        roots = [Path(r) for r in roots]
+        requested = self.env.resume_from
+        if self.env.fresh_start_requested:
+            return None
+        below = None
+        if requested:
+            try:
+                info = rundir.inspect_checkpoint(Path(requested), full=True)
+                self.resumed_from = info.path
+                return info
+            except rundir.InvalidCheckpoint as e:
+                self.reject(e.path, e.reason)
+                below = rundir.parse_checkpoint_name(Path(requested).name)
+        info = rundir.newest_valid(roots, full=True, below_step=below, on_reject=self.reject)
+        self.resumed_from = info.path if info else None
+        return info
+
+    def discard_newer(self, roots: Iterable[Path], step: int) -> None:
+        """Remove checkpoint dirs newer than the resume point that did not validate: the framework
+        would write into them again and mix its new files with the torn ones."""
+        for s, path, _root in rundir.iter_checkpoint_dirs([Path(r) for r in roots]):
+            if s <= step:
+                break
+            try:
+                rundir.inspect_checkpoint(path)
+            except rundir.InvalidCheckpoint:
+                gone = path.with_name(f"{rundir.TMP_PREFIX}rejected-{path.name}")
+                shutil.rmtree(gone, ignore_errors=True)
+                os.rename(path, gone)
+                shutil.rmtree(gone, ignore_errors=True)
+
+    # --- commit --------------------------------------------------------------------------------
+
+    def committed(self, path: Path, manifest: Manifest, roots: Iterable[Path], protect: Iterable[Path] = ()) -> None:
+        """After a checkpoint dir got its manifest: `latest`, index, rotation, heartbeat field."""
+        rel = os.path.relpath(path, self.rd.checkpoints)
+        rundir.repoint_latest(self.rd.checkpoints, rel)
+        idx = rundir.read_index(self.rd)
+        idx[path.name] = rundir.index_entry(manifest, is_best=False, directory=path)
+        self.checkpoint_step = manifest.global_step
+        self.hb.fields["checkpoint_step"] = manifest.global_step
+        self._rotate([Path(r) for r in roots], idx, keep=[path, *protect])
+
+    def _rotate(self, roots: list[Path], idx: dict, keep: list[Path]) -> None:
+        protected = [*keep, *([self.resumed_from] if self.resumed_from else [])]
+        for name in rotate(roots, keep_last=self.keep_last, protected=protected):
+            idx.pop(name, None)
+        try:
+            rundir.atomic_write_json(self.rd.index, idx)
+        except OSError as e:
+            say(f"warning: cannot write {self.rd.index}: {e}")
+
+    # --- stop ----------------------------------------------------------------------------------
+
+    def exit_preempted(self) -> None:
+        """After the preempt checkpoint committed: heartbeat `stopping`, exit 75."""
+        self.hb.stop()
+        self.hb.write_now(phase=Phase.STOPPING.value)
+        self.mark.close()
+        say(f"stop requested (signal {self.stop.signum}); checkpoint at step {self.checkpoint_step}; "
+            f"exiting {rundir.EXIT_PREEMPTED}")
+        sys.exit(rundir.EXIT_PREEMPTED)
+
+    def finish(self) -> None:
+        if not self._stopped:
+            self._stopped = True
+            self.hb.stop()
+            self.hb.write_now(phase=Phase.FINISHED.value)
+            self.mark.close()

@@ -1,0 +1,157 @@
+"""Hugging Face Trainer integration: ``ResilientCallback`` (a ``transformers.TrainerCallback``).
+
+    from trainer_shim.integrations.hf import ResilientCallback
+    cb = ResilientCallback()          # run dir: $RESILIENT_RUN_DIR, else args.output_dir
+    trainer = Trainer(model=..., args=args, train_dataset=..., callbacks=[cb])
+    trainer.train(resume_from_checkpoint=cb.resume_from(args.output_dir))
+
+The Trainer keeps doing its own saving and (bit-exact) resuming; the callback makes each
+``checkpoint-N/`` verifiable (MANIFEST.json with sizes and xxh3 digests, written last, fsynced),
+picks the newest *valid* one to resume from, beats the heartbeat, turns SIGTERM into a save at
+the next step end plus exit 75, and takes over ``save_total_limit`` rotation: the Trainer rotates
+*inside* its save, before ``on_save`` runs, so a kill between its rotation and our manifest could
+leave no valid checkpoint at all. We rotate after the manifest is committed instead, and never
+delete the checkpoint the run resumed from (nor the Trainer's best one).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+from transformers import TrainerCallback
+
+from .. import rundir
+from ..rundir import CheckpointKind, Event, Phase, hf_checkpoint_name, read_extra_roots, record_extra_root
+from ._session import Session, hash_tree, make_manifest, say, write_manifest
+
+__all__ = ["ResilientCallback"]
+
+_UNLIMITED = 1 << 30
+
+
+class ResilientCallback(TrainerCallback):
+    """Supervision for a ``transformers.Trainer``; see the module docstring."""
+
+    def __init__(self, run_dir: Optional[os.PathLike | str] = None, *, heartbeat_interval: float = 1.0) -> None:
+        self.run_dir = run_dir
+        self.heartbeat_interval = heartbeat_interval
+        self.session: Optional[Session] = None
+        self.output_dir: Optional[Path] = None
+        self._limit: Any = None
+        self._stopping = False
+        self._loss: Optional[float] = None
+
+    # --- setup and resume ----------------------------------------------------------------------
+
+    def _start(self, output_dir: os.PathLike | str) -> Session:
+        if self.session is None:
+            self.output_dir = Path(os.path.abspath(output_dir))
+            root = os.environ.get(rundir.ENV_RUN_DIR) or self.run_dir or self.output_dir
+            self.session = Session(Path(root), heartbeat_interval=self.heartbeat_interval)
+            self.output_dir.mkdir(parents=True, exist_ok=True)
+            record_extra_root(self.session.rd, self.output_dir)
+        return self.session
+
+    def _roots(self) -> list[Path]:
+        s = self.session
+        assert s is not None and self.output_dir is not None
+        return [self.output_dir, s.rd.checkpoints, *[r for r in read_extra_roots(s.rd) if r != self.output_dir]]
+
+    def resume_from(self, output_dir: os.PathLike | str) -> Optional[str]:
+        """The checkpoint to pass to ``trainer.train(resume_from_checkpoint=...)``; None on a fresh start.
+
+        The supervisor's choice ($RESILIENT_RESUME_FROM) when it verifies, else the newest
+        checkpoint whose manifest and digests check out (older ones are tried in turn, each
+        rejection recorded as a ``checkpoint_rejected`` event). Newer torn checkpoint dirs are
+        removed so the Trainer never writes into one.
+        """
+        s = self._start(output_dir)
+        info = s.choose(self._roots())
+        s.discard_newer([self.output_dir], info.step if info else -1)
+        if info is None:
+            return None
+        s.checkpoint_step = info.step
+        s.hb.fields.update(resumed_from=str(info.path), checkpoint_step=info.step)
+        say(f"resuming from {info.path} (step {info.step})")
+        return str(info.path)
+
+    def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._start(args.output_dir)
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        s = self._start(args.output_dir)
+        s.stop.install()
+        self._limit = args.save_total_limit
+        s.keep_last = self._limit if self._limit else _UNLIMITED
+        args.save_total_limit = None  # we rotate, after our manifest is committed
+        # The phase stays `starting` (startup timeout) until the first step ends: the Trainer may
+        # still restore state and skip batches here.
+        s.beat(state.global_step, int(state.epoch or 0), Phase.STARTING.value)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        args.save_total_limit = self._limit
+        if self.session is not None:
+            self.session.finish()
+
+    # --- per step ------------------------------------------------------------------------------
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        s = self.session
+        if s is None:
+            return
+        if s.stop.requested and not self._stopping:
+            self._stopping = True
+            control.should_save = True
+            control.should_training_stop = True
+        self._beat_for(control, state)
+
+    def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.session is not None:
+            self._beat_for(control, state)
+
+    def _beat_for(self, control: Any, state: Any) -> None:
+        """The phase of what the Trainer does next in this step: evaluate, save, or train on."""
+        phase = (Phase.EVALUATING if control.should_evaluate else Phase.SAVING if control.should_save
+                 else Phase.TRAINING).value
+        s = self.session
+        s.beat(state.global_step, int(state.epoch or 0), phase, self._loss)
+        if phase != Phase.TRAINING.value:
+            s.hb.write_now()  # on disk before a long save/evaluation starts
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.session is not None:
+            self.session.beat(state.global_step, int(state.epoch or 0),
+                              Phase.SAVING.value if control.should_save else Phase.TRAINING.value)
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: Optional[dict] = None, **kwargs: Any) -> None:
+        if logs and isinstance(logs.get("loss"), (int, float)):
+            self._loss = float(logs["loss"])
+            if self.session is not None:
+                self.session.hb.fields["loss"] = self._loss
+
+    # --- save ----------------------------------------------------------------------------------
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        s = self.session
+        if s is None or not args.should_save:
+            return
+        path = Path(args.output_dir) / hf_checkpoint_name(state.global_step)
+        if not path.is_dir():
+            say(f"warning: the Trainer reported a save but {path} does not exist")
+            return
+        kind = CheckpointKind.PREEMPT if self._stopping else CheckpointKind.STEP
+        try:
+            manifest = make_manifest(hash_tree(path), step=state.global_step, epoch=int(state.epoch or 0),
+                                     batch_in_epoch=0, kind=kind, loss=self._loss)
+            write_manifest(path, manifest)
+        except OSError as e:
+            s.event(Event.CHECKPOINT_FAILED, path=str(path), error=f"{e.strerror or e}")
+            say(f"warning: cannot commit {path}: {e}; training continues")
+        else:
+            best = state.best_model_checkpoint
+            s.committed(path, manifest, self._roots(), protect=[Path(best)] if best else [])
+        if self._stopping:
+            s.exit_preempted()
+        s.beat(state.global_step, int(state.epoch or 0), Phase.TRAINING.value)

@@ -1,0 +1,193 @@
+"""Lightning integration: ``ResilientCallback`` (a Lightning ``Callback``, for ``lightning`` and ``pytorch_lightning``).
+
+    from trainer_shim.integrations.lightning import ResilientCallback
+    cb = ResilientCallback(save_every_steps=5)   # run dir: $RESILIENT_RUN_DIR, else trainer.default_root_dir
+    trainer = pl.Trainer(callbacks=[cb], ...)
+    trainer.fit(model, train_dataloaders=dl, ckpt_path=cb.resume_from())
+
+Checkpoints are Lightning's own (``trainer.save_checkpoint``) written into
+``checkpoints/.tmp-step-N/``, fsynced, hashed into MANIFEST.json and renamed to ``step-N/``:
+the native shim's atomic, verified layout. The train loader is wrapped so Lightning sees it as
+resumable (``_resumable.ResumableLoader``): a mid-epoch resume continues with the same next batch
+and the same RNG state, which Lightning alone does not give for a plain shuffled DataLoader.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Optional
+
+from .. import rundir
+from ..rundir import LIGHTNING_CKPT, CheckpointKind, Event, Phase
+from ._resumable import ResumableLoader
+from ._session import Session, hash_tree, make_manifest, say, write_manifest
+
+_BASES: list[type] = []
+try:
+    import lightning.pytorch as _lpt
+
+    _BASES.append(_lpt.Callback)
+except ImportError:  # pragma: no cover - either package is enough
+    pass
+try:
+    import pytorch_lightning as _ptl
+
+    if _ptl.Callback not in _BASES:
+        _BASES.append(_ptl.Callback)
+except ImportError:  # pragma: no cover
+    pass
+if not _BASES:  # pragma: no cover
+    raise ImportError("trainer_shim.integrations.lightning needs `lightning` or `pytorch_lightning` "
+                      "(pip install 'resilient-run[lightning]')")
+
+__all__ = ["ResilientCallback"]
+
+
+class _Resilient:
+    """The callback's behaviour; combined below with every installed Lightning's Callback base."""
+
+    def __init__(self, save_every_steps: Optional[int] = None, *, run_dir: Optional[os.PathLike | str] = None,
+                 keep_last: int = 3, save_on_train_end: bool = True, heartbeat_interval: float = 1.0) -> None:
+        if save_every_steps is not None and save_every_steps < 1:
+            raise ValueError(f"save_every_steps must be >= 1, not {save_every_steps}")
+        self.save_every_steps = save_every_steps
+        self.run_dir = run_dir
+        self.keep_last = keep_last
+        self.save_on_train_end = save_on_train_end
+        self.heartbeat_interval = heartbeat_interval
+        self.session: Optional[Session] = None
+        self._loader: Optional[ResumableLoader] = None
+        self._saved_step: Optional[int] = None
+
+    # --- setup and resume ----------------------------------------------------------------------
+
+    def _start(self, default_root: os.PathLike | str) -> Session:
+        if self.session is None:
+            root = os.environ.get(rundir.ENV_RUN_DIR) or self.run_dir or default_root
+            self.session = Session(Path(root), heartbeat_interval=self.heartbeat_interval, keep_last=self.keep_last)
+        return self.session
+
+    def resume_from(self) -> Optional[str]:
+        """The ``ckpt_path`` for ``trainer.fit``: the supervisor's choice when it verifies, else the
+        newest valid checkpoint of the run dir (rejections become ``checkpoint_rejected`` events);
+        None on a fresh start. Without $RESILIENT_RUN_DIR or ``run_dir=``, the run dir is the
+        current directory (Lightning's default ``default_root_dir``)."""
+        s = self._start(os.getcwd())
+        roots = rundir.checkpoint_roots(s.rd)
+        info = s.choose(roots)
+        s.discard_newer([s.rd.checkpoints], info.step if info else -1)
+        if info is None:
+            return None
+        s.checkpoint_step = info.step
+        s.hb.fields.update(resumed_from=str(info.path), checkpoint_step=info.step)
+        say(f"resuming from {info.path} (step {info.step})")
+        return str(info.path / LIGHTNING_CKPT)
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if stage != "fit":
+            return
+        self._start(trainer.default_root_dir)
+        source = trainer.fit_loop._data_source
+        request = source.dataloader
+
+        def wrapped() -> Any:
+            loader = request()
+            if isinstance(loader, ResumableLoader):
+                return loader
+            if isinstance(loader, (list, tuple, dict)) or loader is None:
+                say("warning: several train loaders: mid-epoch resume is not exact for them")
+                return loader
+            self._loader = ResumableLoader(loader)
+            return self._loader
+
+        source.dataloader = wrapped  # instance attribute: Lightning asks the source for the loader
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        s = self.session
+        if s is None:
+            return
+        # After Lightning's own SIGTERM handler (it would raise SystemExit(1) at the next batch,
+        # before our save): SIGTERM now means "save at this step's end and exit 75".
+        s.stop.install()
+        s.beat(trainer.global_step, trainer.current_epoch, Phase.STARTING.value)  # `training` from the first step on
+
+    # --- per step ------------------------------------------------------------------------------
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        s = self.session
+        if s is None:
+            return
+        step = trainer.global_step
+        s.beat(step, trainer.current_epoch, Phase.TRAINING.value, _loss(outputs) if s.beat_due() else None)
+        if s.stop.requested:
+            self._save(trainer, CheckpointKind.PREEMPT)
+            s.exit_preempted()
+        if self.save_every_steps and step % self.save_every_steps == 0 and step != self._saved_step:
+            self._save(trainer, CheckpointKind.STEP)
+
+    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+        if self.session is not None:
+            self.session.evaluating(True)
+
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        if self.session is not None:
+            self.session.evaluating(False)
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        if self.session is None:
+            return
+        if self.save_on_train_end and trainer.global_step != self._saved_step:
+            self._save(trainer, CheckpointKind.FINAL)
+        self.session.finish()
+
+    # --- save ----------------------------------------------------------------------------------
+
+    def _save(self, trainer: Any, kind: CheckpointKind) -> Optional[Path]:
+        s = self.session
+        assert s is not None
+        step = trainer.global_step
+        final = s.rd.checkpoint(step)
+        if final.exists():
+            self._saved_step = step
+            return final
+        tmp = s.rd.checkpoints / f"{rundir.TMP_PREFIX}{final.name}"
+        s.hb.begin_save()
+        try:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(mode=0o700)
+            trainer.save_checkpoint(tmp / LIGHTNING_CKPT, weights_only=False)  # full state: optimizer, loops, loader
+            if not trainer.is_global_zero:
+                return None
+            loss = s.hb.fields.get("loss")
+            batch = self._loader.batches if self._loader is not None else 0
+            manifest = make_manifest(hash_tree(tmp), step=step, epoch=trainer.current_epoch, batch_in_epoch=batch,
+                                     kind=kind, loss=loss)
+            write_manifest(tmp, manifest)
+            os.rename(tmp, final)
+            rundir.fsync_dir(final.parent)
+        except OSError as e:
+            shutil.rmtree(tmp, ignore_errors=True)
+            s.event(Event.CHECKPOINT_FAILED, path=str(final), error=f"{e.strerror or e}")
+            say(f"warning: checkpoint at step {step} failed: {e}; training continues")
+            s.hb.end_save()
+            return None
+        s.committed(final, manifest, rundir.checkpoint_roots(s.rd))
+        self._saved_step = step
+        s.hb.end_save(checkpoint_step=step)
+        return final
+
+
+def _loss(outputs: Any) -> Optional[float]:
+    loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+    try:
+        return float(loss.detach()) if hasattr(loss, "detach") else None
+    except (TypeError, ValueError, RuntimeError):
+        return None
+
+
+ResilientCallback = type("ResilientCallback", (_Resilient, *_BASES), {
+    "__doc__": "Supervision for a Lightning Trainer (both `lightning` and `pytorch_lightning`); see the module docstring.",
+    "__module__": __name__,
+})
