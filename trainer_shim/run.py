@@ -14,6 +14,7 @@ from types import TracebackType
 from typing import Any, Optional
 
 
+from . import async_save as async_save_mod
 from . import cursor, data, distributed, options, restoring, retention, rng, rundir, saving, signals
 from .errors import CollectiveTimeout, ConfigError
 from .heartbeat import Heartbeat
@@ -55,8 +56,12 @@ class Run:
         collective_timeout: float = 300.0,
         sharded: Optional[bool] = None,
         allow_reshard: Optional[bool] = None,
+        async_save: bool = False,
+        memory_every_steps: Optional[int] = None,
     ) -> None:
         options.validate(save_every_steps, extra)
+        if memory_every_steps is not None and memory_every_steps <= 0:
+            raise ConfigError(f"memory_every_steps must be positive, got {memory_every_steps}")
         script = script_path()
         try:  # the product env, parsed once; a bad value is a one-line configuration error
             self.env = env = rundir.RunEnv.from_environ(os.environ)
@@ -85,11 +90,13 @@ class Run:
         self.heartbeat_interval = float(heartbeat_interval)
         self.resume_emergency = resume_emergency
         self._reset_position()
+        self._fast: Any = None  # async_save.FastSaver when async_save/memory_every_steps is on
         self._retention = retention.Retention(self.rd, lambda: self.search_dirs, keep_last=keep_last,
                                               keep_epochs=keep_epochs, keep_best=keep_best)
         self._install_hooks()
         self.git_commit, self.git_dirty = git_info(script.parent if script else None)
         self.last_failure: Optional[str] = os.environ.get(rundir.ENV_LAST_FAILURE) or None
+        self._fast = async_save_mod.make(self, async_save, memory_every_steps)
         self._resume()
 
     def _resume(self) -> None:
@@ -98,7 +105,8 @@ class Run:
                 for t in rundir.tmp_dirs(d):  # abandoned writes of a killed attempt
                     shutil.rmtree(t, ignore_errors=True)
         self._group.barrier("startup barrier")  # rank 0 has cleaned up before anyone saves
-        restoring.restore(self)
+        if self._fast is None or not self._fast.restore_first(self.env.resume_from):
+            restoring.restore(self)
         self._mark.set(self.global_step)
         # Second "starting" beat: the supervisor learns what was actually restored (after any fallback).
         self._hb.write_now(step=self.global_step, epoch=self.epoch, loss=self.loss,
@@ -238,7 +246,9 @@ class Run:
         stop = self._stop.requested
         # Every rank must save, and stop, at the same step: one MAX all-reduce of both flags.
         stop, timed = self._group.agree(stop, timed)
-        if (every and self.global_step % every == 0) or timed:
+        if self._fast is not None:
+            self._fast.on_step(bool((every and self.global_step % every == 0) or timed))
+        elif (every and self.global_step % every == 0) or timed:
             self._save(CheckpointKind.STEP)
         if stop:
             self._preempt()
@@ -261,8 +271,10 @@ class Run:
         """Final checkpoint and the `finished` heartbeat; the run dir is left ready for inspection."""
         if self._finished:
             return
-        self._save(CheckpointKind.FINAL)
+        final = self._save(CheckpointKind.FINAL)
         self._finished = True
+        if self._fast is not None:  # the newest state is on disk now: the memory slots can go
+            self._fast.close(free=final is not None)
         self._retention.join()  # a finished run leaves no trash behind
         self._hb.stop()
         self._mark.close()
@@ -295,6 +307,8 @@ class Run:
 
     def _save(self, kind: CheckpointKind, exact: bool = True) -> Optional[Path]:
         """Save at the current step unless it already has a checkpoint; storage failures never raise."""
+        if self._fast is not None:
+            self._fast.drain()  # a synchronous save comes after the background one in flight
         if self._group.world_size > 1:
             return self._save_dist(kind)
         self._last_save_t = time.monotonic()
@@ -378,6 +392,8 @@ class Run:
             _say(f"warning: cannot write {efile}: {e}")
         if self._finished:
             return
+        if self._fast is not None:
+            self._fast.drain()  # the in-flight save commits before anything else is decided
         why_not = saving.no_emergency_reason(self)
         if why_not is not None:
             _say(f"no emergency checkpoint: {why_not}")

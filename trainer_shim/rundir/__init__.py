@@ -19,6 +19,7 @@ One module per idea:
     manifest   MANIFEST.json, CheckpointKind, checkpoint validation
     selection  newest valid checkpoint, the `latest` link
     index      checkpoint_metadata.json, checkpoint search roots
+    snapshots  memory snapshot slots in /dev/shm: names, the owner/mode trust rule
 
 Run-dir layout::
 
@@ -63,6 +64,9 @@ from .records import (
     read_heartbeat_record,
 )
 from .selection import iter_checkpoint_dirs, newest_valid, repoint_latest
+from .snapshots import (
+    SHM_DIR, SNAPSHOT_PREFIX, SNAPSHOT_SLOTS, TENSOR_REF, TENSORS_SUFFIX, snapshot_slot_paths, untrusted_slot_reason,
+)
 from .stepmark import STEP_MARK_SIZE, StepMark, reached_step, read_step_mark
 
 __all__ = [
@@ -88,4 +92,7 @@ __all__ = [
     "FORMAT_VERSION", "MANIFEST_NAME", "CheckpointKind", "FileEntry", "Manifest", "CheckpointInfo",
     "new_hasher", "digest_file", "safe_member", "inspect_checkpoint", "iter_checkpoint_dirs", "newest_valid",
     "repoint_latest", "index_entry", "read_index", "checkpoint_roots",
+    # memory snapshot slots (issue 14)
+    "SHM_DIR", "SNAPSHOT_PREFIX", "SNAPSHOT_SLOTS", "TENSORS_SUFFIX", "TENSOR_REF", "snapshot_slot_paths",
+    "untrusted_slot_reason",
 ]
