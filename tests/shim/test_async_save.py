@@ -5,10 +5,12 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import pytest
 import torch
 
 import trainer_shim
 from trainer_shim import checkpoint as ckpt
+from trainer_shim import rundir
 from tests.conftest import JOBS, PYTHON, child_env
 from tests.save_modes import PLAIN, shm_segments
 
@@ -46,3 +48,15 @@ def test_background_write_failure_is_an_event_and_a_warning_and_training_continu
     assert (run_dir / "checkpoints" / "step-00000010").is_dir(), "later saves stopped after the failure"
     assert_same_weights(ref / "final_weights.pt", run_dir / "final_weights.pt")
     assert not shm_segments(run_dir)
+
+
+@pytest.mark.parametrize("fault,code", [("raise", 1), ("sigterm", 75)])
+def test_an_exception_or_sigterm_waits_for_the_save_in_flight(run_dir: Path, fault: str, code: int) -> None:
+    # The fault strikes right after run.step() 10 handed its save to the writer thread.
+    p = run_toy(run_dir, "--epochs", "1", "--save-every", "5", faults=f"1:{fault}@10",
+                env={**PLAIN, "TOY_ASYNC_SAVE": "1"})
+    assert p.returncode == code, p.stderr[-3000:]
+    info = rundir.inspect_checkpoint(run_dir / "checkpoints" / "step-00000010", full=True)
+    assert info.manifest.exact, "the in-flight save was replaced by an emergency one"
+    assert not list(rundir.tmp_dirs(run_dir / "checkpoints"))
+    assert not events(run_dir, "checkpoint_failed")
