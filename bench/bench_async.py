@@ -167,9 +167,13 @@ def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-async-", dir=os.environ.get("BENCH_TMP")) as d:
         tmp = Path(d)
-        s = bench_stall(tmp, args.mb, args.rounds)
-        quiet, busy = bench_throughput(tmp, args.mb, args.rounds)
-        ours_r, bare_r, line = bench_restore(tmp, args.mb, args.rounds)
+        try:
+            s = bench_stall(tmp, args.mb, args.rounds)
+            quiet, busy = bench_throughput(tmp, args.mb, args.rounds)
+            ours_r, bare_r, line = bench_restore(tmp, args.mb, args.rounds)
+        finally:  # no /dev/shm slot outlives the bench, whatever happened
+            for sub in ("stall", "tput", "restore"):
+                snapshot_store.free(tmp / sub)
     print(f"state: {s['bytes'] / (1 << 20):.0f} MiB (model + Adam), {torch.get_num_threads()} torch thread(s); {line}")
     print(f"floor (buf.copy_) {s['floor']:.3f} s | t.clone() {s['clone']:.3f} s | torch.save+fsync {s['save']:.3f} s"
           f" | async stall {s['ours']:.3f} s")

@@ -371,7 +371,9 @@ class Run:
     # --- stopping and crashing ----------------------------------------------------------------
 
     def _preempt(self) -> None:
-        self._save(CheckpointKind.PREEMPT)
+        path = self._save(CheckpointKind.PREEMPT)
+        if self._fast is not None:  # without a supervisor nobody else would free the slots
+            self._fast.close(free=path is not None and self.env.run_dir is None)
         self._hb.stop()
         self._mark.close()
         self._hb.write_now(phase=Phase.STOPPING.value, step=self.global_step, epoch=self.epoch,

@@ -10,7 +10,7 @@ import torch
 
 import trainer_shim
 from trainer_shim import checkpoint as ckpt
-from trainer_shim import rundir
+from trainer_shim import rundir, snapshot_store
 from tests.conftest import JOBS, PYTHON, child_env
 from tests.save_modes import PLAIN, shm_segments
 
@@ -53,9 +53,14 @@ def test_background_write_failure_is_an_event_and_a_warning_and_training_continu
 @pytest.mark.parametrize("fault,code", [("raise", 1), ("sigterm", 75)])
 def test_an_exception_or_sigterm_waits_for_the_save_in_flight(run_dir: Path, fault: str, code: int) -> None:
     # The fault strikes right after run.step() 10 handed its save to the writer thread.
-    p = run_toy(run_dir, "--epochs", "1", "--save-every", "5", faults=f"1:{fault}@10",
-                env={**PLAIN, "TOY_ASYNC_SAVE": "1"})
+    try:
+        p = run_toy(run_dir, "--epochs", "1", "--save-every", "5", faults=f"1:{fault}@10",
+                    env={**PLAIN, "TOY_ASYNC_SAVE": "1"})
+    finally:
+        left = shm_segments(run_dir)
+        snapshot_store.free(run_dir)  # a crash keeps its slots for the next start (no supervisor here)
     assert p.returncode == code, p.stderr[-3000:]
+    assert not left if fault == "sigterm" else left, "a standalone stop frees the slots, a crash keeps them"
     info = rundir.inspect_checkpoint(run_dir / "checkpoints" / "step-00000010", full=True)
     assert info.manifest.exact, "the in-flight save was replaced by an emergency one"
     assert not list(rundir.tmp_dirs(run_dir / "checkpoints"))
