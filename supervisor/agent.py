@@ -24,7 +24,7 @@ from trainer_shim.rundir import (
     append_event, atomic_write_json, checkpoint_roots, newest_valid, now_iso, read_events, read_json,
 )
 
-from . import procs
+from . import procs, snapshots
 from .cgroup import KernelLog, MemoryCgroup
 from .classify import AttemptFacts, Kind, classify
 from .launch import parse_rendezvous_failure, parse_torchrun_failure, standby_command
@@ -175,6 +175,7 @@ class Supervisor:
             procs.protect_from_oom()
             self._recover_history()
             self._kill_leftover_trainer()
+            self._persist_snapshot()
             if self.config.memory_limit:
                 self._cgroup = MemoryCgroup.create(f"resilient-run-{os.getpid()}", self.config.memory_limit)
             self._events = HeartbeatEvents(self.rd.heartbeats, self._wake)
@@ -418,16 +419,19 @@ class Supervisor:
 
     # --- attempts ------------------------------------------------------------------------------
 
-    def _choose_checkpoint(self) -> Optional[str]:
-        def reject(path: Path, reason: str) -> None:
-            key = (str(path), reason)
-            if key not in self._rejected:
-                self._rejected.add(key)
-                say(f"checkpoint rejected: {path}: {reason}")
-                self._emit("checkpoint_rejected", path=str(path), reason=reason)
+    def _reject(self, path: Path, reason: str) -> None:
+        key = (str(path), reason)
+        if key not in self._rejected:
+            self._rejected.add(key)
+            say(f"checkpoint rejected: {path}: {reason}")
+            self._emit("checkpoint_rejected", path=str(path), reason=reason)
 
-        info = newest_valid(checkpoint_roots(self.rd), exclude=self.poisoned, on_reject=reject)
+    def _choose_checkpoint(self) -> Optional[str]:
+        info = newest_valid(checkpoint_roots(self.rd), exclude=self.poisoned, on_reject=self._reject)
         return str(info.path) if info else None
+
+    def _persist_snapshot(self) -> None:
+        snapshots.persist_newest(self.rd, self._emit, say, self._reject)
 
     def _base_env(self) -> dict[str, str]:
         env = child_environ(os.environ)
@@ -554,6 +558,7 @@ class Supervisor:
         procs.kill_tree(a.child.pid, grace=min(CHILD_EXIT_GRACE, self.config.grace_period),
                         known=list(a.seen.values()), tick=self._tick, reap=a.child.poll)
         a.child.close()
+        self._persist_snapshot()  # before the next choice: a snapshot newer than the disk is not lost
         a.monitor.observe(time.monotonic())
         result = self._result(a, rc)
         a.kernel_log.close()
@@ -802,6 +807,8 @@ class Supervisor:
         if self._events is not None:
             self._events.stop()
         if self._lock_fd is not None:
+            self._persist_snapshot()
+            snapshots.free(self.rd)
             self._flush_writes()
             self._write_metrics()
         if self._cgroup is not None:

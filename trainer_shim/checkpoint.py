@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
-import json
 import os
 import shutil
 import sys
@@ -20,7 +19,7 @@ from typing import Any, Optional
 
 import torch
 
-from . import rundir
+from . import rundir, snapshot_store
 from .errors import CheckpointError
 from .rundir import CheckpointKind, FileEntry, Manifest
 
@@ -210,23 +209,8 @@ def _manifest(snap: Snapshot, files: dict[str, FileEntry], meta: dict[str, Any],
 
 
 def _commit(tmp: Path, final: Path, manifest: Manifest) -> None:
-    """MANIFEST.json last (its presence makes the checkpoint complete), rename, repoint `latest`.
-
-    No temp+rename for the manifest inside tmp: the whole dir is invisible until its own rename.
-    """
-    fd = os.open(tmp / rundir.MANIFEST_NAME, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        data = (json.dumps(manifest.to_json(), indent=1, sort_keys=True) + "\n").encode()
-        while data:
-            data = data[os.write(fd, data):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    rundir.fsync_dir(tmp)
-    os.rename(tmp, final)
-    rundir.fsync_dir(final.parent)
-    if manifest.exact:  # `latest` names something resumable; an emergency save is not
-        rundir.repoint_latest(final.parent, final.name)
+    """The one commit protocol (manifest last, rename, fsync dir, `latest`): snapshot_store.commit_dir."""
+    snapshot_store.commit_dir(tmp, final, snapshot_store.manifest_bytes(manifest), manifest.exact)
 
 
 def _describe(e: OSError) -> str:
@@ -238,10 +222,36 @@ def load_file(ckpt_dir: Path, fname: str) -> Any:
     """torch.load one verified member with weights_only=True; CheckpointError names file and reason."""
     path = Path(ckpt_dir) / fname
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+        tpath = path.with_name(fname + rundir.TENSORS_SUFFIX)
+        if not tpath.exists():
+            return obj
+        # Split member (memory snapshot format): the skeleton's markers name tensors in the list,
+        # mapped (no read into a temporary); every tensor is copied out before it is used, so a
+        # slot rewritten in place later cannot change what was loaded.
+        tensors = torch.load(tpath, map_location="cpu", weights_only=True, mmap=True)
+        return _fill(obj, tensors, own=fname != MODEL_FILE)
     except Exception as e:  # weights_only refusals are UnpicklingError; corrupt zips RuntimeError
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise CheckpointError(f"{fname}: torch.load(weights_only=True) refused it: {type(e).__name__}: {first}") from e
+
+
+def _fill(obj: Any, tensors: list, own: bool) -> Any:
+    """Replace TENSOR_REF markers by tensors[i] (cloned when `own`; the model's are copied by
+    load_state_dict anyway)."""
+    if isinstance(obj, str) and obj.startswith(rundir.TENSOR_REF):
+        t = tensors[int(obj[len(rundir.TENSOR_REF):])]
+        return t.clone() if own else t
+    if isinstance(obj, dict):
+        new = type(obj)((k, _fill(v, tensors, own)) for k, v in obj.items())
+        if hasattr(obj, "_metadata"):
+            new._metadata = obj._metadata  # type: ignore[attr-defined]
+        return new
+    if isinstance(obj, list):
+        return [_fill(v, tensors, own) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_fill(v, tensors, own) for v in obj)
+    return obj
 
 
 def rank_file(rank: int) -> str:

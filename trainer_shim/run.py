@@ -14,6 +14,7 @@ from types import TracebackType
 from typing import Any, Optional
 
 
+from . import async_save as async_save_mod
 from . import (cursor, data, distributed, divergence, options, provenance, restoring, resume_prompt, retention, rng,
                rundir, save_interval, saving, signals)
 from .errors import CollectiveTimeout, ConfigError
@@ -61,8 +62,12 @@ class Run:
         resume: str = "auto",
         strict_resume: bool = False,
         mtbf_hours: float = save_interval.DEFAULT_MTBF_HOURS,
+        async_save: bool = False,
+        memory_every_steps: Optional[int] = None,
     ) -> None:
         options.validate(save_every_steps, extra)
+        if memory_every_steps is not None and memory_every_steps <= 0:
+            raise ConfigError(f"memory_every_steps must be positive, got {memory_every_steps}")
         self.on_nonfinite = divergence.check_mode(on_nonfinite, distributed.env_int("WORLD_SIZE", 1))
         script = script_path()
         try:  # the product env, parsed once; a bad value is a one-line configuration error
@@ -95,6 +100,7 @@ class Run:
         self.heartbeat_interval = float(heartbeat_interval)
         self.resume_emergency = resume_emergency
         self._reset_position()
+        self._fast: Any = None  # async_save.FastSaver when async_save/memory_every_steps is on
         self._retention = retention.Retention(self.rd, lambda: self.search_dirs, keep_last=keep_last,
                                               keep_epochs=keep_epochs, keep_best=keep_best)
         self._install_hooks()
@@ -102,6 +108,7 @@ class Run:
         self.args_hash, self.strict_resume = provenance.args_hash(), bool(strict_resume) or provenance.strict_from_env()
         self._provenance = {"git_commit": self.git_commit, "git_dirty": self.git_dirty, "args_hash": self.args_hash}
         self.last_failure: Optional[str] = os.environ.get(rundir.ENV_LAST_FAILURE) or None
+        self._fast = async_save_mod.make(self, async_save, memory_every_steps)
         self._resume()
 
     def _resume(self) -> None:
@@ -110,7 +117,8 @@ class Run:
                 for t in rundir.tmp_dirs(d):  # abandoned writes of a killed attempt
                     shutil.rmtree(t, ignore_errors=True)
         self._group.barrier("startup barrier")  # rank 0 has cleaned up before anyone saves
-        restoring.restore(self)
+        if self._fast is None or not self._fast.restore_first(self.env.resume_from):
+            restoring.restore(self)
         self._mark.set(self.global_step)
         # Second "starting" beat: the supervisor learns what was actually restored (after any fallback).
         self._hb.write_now(step=self.global_step, epoch=self.epoch, loss=self.loss,
@@ -258,7 +266,9 @@ class Run:
         stop = self._stop.requested
         # Every rank must save, and stop, at the same step: one MAX all-reduce of both flags.
         stop, timed = self._group.agree(stop, timed)
-        if (every and self.global_step % every == 0) or timed:
+        if self._fast is not None:
+            self._fast.on_step(bool((every and self.global_step % every == 0) or timed))
+        elif (every and self.global_step % every == 0) or timed:
             self._save(CheckpointKind.STEP)
             save_interval.tune(self, time.monotonic() - now)
         self._probe.on_step()
@@ -286,8 +296,10 @@ class Run:
         """Final checkpoint and the `finished` heartbeat; the run dir is left ready for inspection."""
         if self._finished:
             return
-        self._save(CheckpointKind.FINAL)
+        final = self._save(CheckpointKind.FINAL)
         self._finished = True
+        if self._fast is not None:  # the newest state is on disk now: the memory slots can go
+            self._fast.close(free=final is not None)
         self._retention.join()  # a finished run leaves no trash behind
         self._hb.stop()
         self._mark.close()
@@ -321,6 +333,8 @@ class Run:
 
     def _save(self, kind: CheckpointKind, exact: bool = True) -> Optional[Path]:
         """Save at the current step unless it already has a checkpoint; storage failures never raise."""
+        if self._fast is not None:
+            self._fast.drain()  # a synchronous save comes after the background one in flight
         if self._group.world_size > 1:
             return self._save_dist(kind)
         self._last_save_t = time.monotonic()
@@ -383,7 +397,9 @@ class Run:
     # --- stopping and crashing ----------------------------------------------------------------
 
     def _preempt(self) -> None:
-        self._save(CheckpointKind.PREEMPT)
+        path = self._save(CheckpointKind.PREEMPT)
+        if self._fast is not None:  # without a supervisor nobody else would free the slots
+            self._fast.close(free=path is not None and self.env.run_dir is None)
         self._hb.stop()
         self._mark.close()
         self._hb.write_now(phase=Phase.STOPPING.value, step=self.global_step, epoch=self.epoch,
@@ -404,6 +420,8 @@ class Run:
             _say(f"warning: cannot write {efile}: {e}")
         if self._finished:
             return
+        if self._fast is not None:
+            self._fast.drain()  # the in-flight save commits before anything else is decided
         why_not = saving.no_emergency_reason(self)
         if why_not is not None:
             _say(f"no emergency checkpoint: {why_not}")

@@ -20,7 +20,8 @@ import pytest
 import torch
 
 from tests.conftest import JOBS, PYTHON
-from tests.supervisor.helpers import run_cli, sup_env
+from tests.save_modes import PLAIN
+from tests.supervisor.helpers import kill_group, run_cli, start_cli, sup_env
 from tests.support import assert_equal_state, events, heartbeat, supervisor_state, wait_until, weights
 from trainer_shim import rundir
 
@@ -42,7 +43,7 @@ def reference(tmp_path: Path, *args: str) -> dict[str, torch.Tensor]:
         d.mkdir(parents=True)
         out = d / "weights.pt"
         p = subprocess.run([PYTHON, TOY, *args, "--run-dir", str(d / "run"), "--out", str(out)],
-                           env=sup_env(), capture_output=True, text=True, timeout=300)
+                           env=sup_env(**PLAIN), capture_output=True, text=True, timeout=300)
         assert p.returncode == 0, p.stderr[-2000:]
         _REF_CACHE[key] = weights(out)
     return _REF_CACHE[key]
@@ -166,6 +167,23 @@ class Killer(threading.Thread):
                 self.log.append({"pid": t.pid, "mode": mode, "mid_save": mid_save, "step": hb.get("step")})
         except BaseException as e:  # noqa: BLE001 - reported by the test
             self.error = e
+
+
+def run_under_killer(run_dir: Path, seed: int, kills: int, *argv: str, env: dict,
+                     timeout: float = 240) -> tuple[int, str, "Killer"]:
+    """Run the CLI with `argv` while a Killer SIGKILLs its trainer `kills` times; (rc, stderr, killer)."""
+    p = start_cli("--run-dir", str(run_dir), *argv, env=env)
+    killer = Killer(run_dir, seed, kills, p)
+    killer.start()
+    try:
+        rc = p.wait(timeout)
+        killer.stop()
+        killer.join(10)
+    finally:
+        kill_group(p)
+    stderr = p.stderr.read()
+    assert killer.error is None, killer.error
+    return rc, stderr, killer
 
 
 def resumed_from_events(run_dir: Path) -> list[Optional[str]]:

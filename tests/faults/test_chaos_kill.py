@@ -9,12 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.supervisor.helpers import ended_kinds, events, kill_group, start_cli, sup_env
+from tests.supervisor.helpers import ended_kinds, events, sup_env
 
 from trainer_shim import rundir
 
+from tests.save_modes import modes, save_mode, shm_segments  # noqa: F401  (fixture)
+
 from .common import (
-    FAST, LONG, TOY, Killer, assert_bit_exact, assert_no_survivors, reference, resumed_from_events, verify_cli,
+    FAST, LONG, TOY, assert_bit_exact, assert_no_survivors, reference, resumed_from_events, run_under_killer, verify_cli,
 )
 
 # ~10 MB checkpoints (hidden 900 with Adam: 3 x 900x900 fp32 + small), ~300 steps.
@@ -25,22 +27,13 @@ SEEDS = [int(s) for s in os.environ.get("RRTEST_CHAOS_SEEDS", "").split(",") if 
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_chaos_sigkill_of_the_trainer_is_bit_exact(tmp_path, seed):
+@pytest.mark.parametrize("save_mode", modes("sync"), indirect=True)
+def test_chaos_sigkill_of_the_trainer_is_bit_exact(tmp_path, seed, save_mode):
     print(f"chaos seed {seed}")
     ref = reference(tmp_path, *JOB)
     run_dir, out = tmp_path / "run", tmp_path / "weights.pt"
     kills = 6
-    p = start_cli("--run-dir", str(run_dir), *FAST, TOY, *JOB, "--out", str(out), env=sup_env())
-    killer = Killer(run_dir, seed, kills, p)
-    killer.start()
-    try:
-        rc = p.wait(240)
-        killer.stop()
-        killer.join(10)
-    finally:
-        kill_group(p)
-    stderr = p.stderr.read()
-    assert killer.error is None, killer.error
+    rc, stderr, killer = run_under_killer(run_dir, seed, kills, *FAST, TOY, *JOB, "--out", str(out), env=sup_env())
     print(f"seed {seed}: kills {killer.log}")
     assert rc == 0, stderr[-3000:]
     assert len(killer.log) == kills, f"seed {seed}: only {len(killer.log)} kills landed: {killer.log}"
@@ -59,3 +52,4 @@ def test_chaos_sigkill_of_the_trainer_is_bit_exact(tmp_path, seed):
     assert_bit_exact(out, ref)
     assert verify_cli(run_dir).returncode == 0
     assert_no_survivors(run_dir, str(out))
+    assert not shm_segments(run_dir), "shared-memory snapshot slots outlived the run"

@@ -10,6 +10,7 @@ forever: a save that stops making progress).
 Other knobs (environment):
   TOY_WRITE_MBPS=R       large writes (>= 1 MiB, i.e. checkpoint tensors) are throttled to R MB/s:
                          a slow but progressing filesystem (NFS, a busy disk).
+  TOY_ASYNC_SAVE=1       init(async_save=True);  TOY_MEMORY_EVERY=K  init(memory_every_steps=K)
   TOY_CRASH_IF_RESUMED_FROM_STEP=N
                          raise right after resuming from the checkpoint of step N: a poisoned
                          checkpoint that crashes every attempt resuming from it.
@@ -156,7 +157,8 @@ def main() -> None:
 
     run = trainer_shim.init(model=model, optimizer=opt, scheduler=per_step, extra={"epoch_sched": per_epoch},
                             run_dir=args.run_dir, save_every_steps=args.save_every, keep_last=args.keep_last,
-                            fallback_dir=args.fallback_dir)
+                            fallback_dir=args.fallback_dir, async_save=os.environ.get("TOY_ASYNC_SAVE") == "1",
+                            memory_every_steps=int(os.environ.get("TOY_MEMORY_EVERY") or 0) or None)
     run.state.setdefault("seen", 0)
     poison = os.environ.get("TOY_CRASH_IF_RESUMED_FROM_STEP")
     if poison and run.resumed_from and run.global_step == int(poison):

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.save_modes import PLAIN, save_mode  # noqa: F401  (fixture)
+
 from .helpers import run_toy
 
 
@@ -19,7 +21,7 @@ class References:
     def get(self, *args: str) -> Path:
         if args not in self._done:
             rd = self.base / f"ref-{len(self._done)}"
-            p = run_toy(rd, *args)
+            p = run_toy(rd, *args, env=PLAIN)
             assert p.returncode == 0, p.stderr[-3000:]
             self._done[args] = rd
         return self._done[args]

@@ -11,6 +11,7 @@ import pytest
 from trainer_shim import rundir
 
 from tests.support import wait_until
+from tests.save_modes import LONG, modes, shm_segments
 
 from .helpers import assert_same_weights, chain, kill_group, run_toy, shim_lines, start_toy
 
@@ -21,17 +22,24 @@ from .helpers import assert_same_weights, chain, kill_group, run_toy, shim_lines
     # odd and even resume points: batches land on different workers than before
     ("2", "2", [5, 13, 19]),
 ])
+@pytest.mark.parametrize("save_mode", modes("sync"), indirect=True)
 def test_sigkill_anywhere_resumes_bit_exact(run_dir: Path, refs, num_workers: str, epochs: str,
-                                            kills: list[int]) -> None:
+                                            kills: list[int], save_mode: str) -> None:
+    if save_mode != "sync" and num_workers != "0" and not LONG:
+        pytest.skip("long variant: set RRTEST_LONG_FAULTS=1 (make test-faults)")
     ref = refs.get("--num-workers", num_workers, "--epochs", epochs)
     procs = chain(run_dir, kills, "--num-workers", num_workers, "--epochs", epochs)
     assert f"finished step {12 * int(epochs)}" in procs[-1].stdout
     for killed_at, p in zip(kills, procs[1:]):
-        # exactly one line says where it resumed from (or that it starts fresh: no save before step 5)
-        assert len(shim_lines(p, "resumed from" if killed_at >= 5 else "starting fresh")) == 1, p.stderr
+        if "memory" in save_mode:  # a snapshot every step: the kill right after run.step() loses nothing
+            assert shim_lines(p, f"resumed from memory step {killed_at}"), p.stderr
+        elif save_mode == "sync":
+            # exactly one line says where it resumed from (or that it starts fresh: no save before step 5)
+            assert len(shim_lines(p, "resumed from" if killed_at >= 5 else "starting fresh")) == 1, p.stderr
     if num_workers != "0":
         assert any(shim_lines(p, "num_workers=2") for p in procs[1:])
     assert_same_weights(ref / "final_weights.pt", run_dir / "final_weights.pt")
+    assert not shm_segments(run_dir), "shared-memory snapshot slots outlived the run"
 
 
 def _wait_in_save(run_dir: Path, proc, timeout: float = 60.0) -> bool:
@@ -50,7 +58,10 @@ def _wait_in_save(run_dir: Path, proc, timeout: float = 60.0) -> bool:
 
 
 @pytest.mark.parametrize("num_workers", ["0", "2"])
-def test_sigkill_during_save_resumes_bit_exact(run_dir: Path, refs, num_workers: str) -> None:
+@pytest.mark.parametrize("save_mode", modes("sync", "async"), indirect=True)
+def test_sigkill_during_save_resumes_bit_exact(run_dir: Path, refs, num_workers: str, save_mode: str) -> None:
+    if save_mode != "sync" and num_workers != "0" and not LONG:
+        pytest.skip("long variant: set RRTEST_LONG_FAULTS=1 (make test-faults)")
     args = ("--hidden", "1200", "--epochs", "1", "--samples", "80", "--save-every", "3", "--num-workers", num_workers)
     ref = refs.get(*args)
     hit = 0
@@ -71,3 +82,4 @@ def test_sigkill_during_save_resumes_bit_exact(run_dir: Path, refs, num_workers:
     assert p.returncode == 0, p.stderr[-3000:]
     assert_same_weights(ref / "final_weights.pt", run_dir / "final_weights.pt")
     assert not list(rundir.tmp_dirs(run_dir / "checkpoints")), "leftover tmp dirs were not cleaned"
+    assert not shm_segments(run_dir), "shared-memory snapshot slots outlived the run"

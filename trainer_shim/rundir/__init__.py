@@ -22,6 +22,7 @@ One module per idea:
     policies   issue 16: EXIT_DIVERGED, strict-resume env, learned-timeout file
     insight    doctor mode (RESILIENT_DOCTOR*), digest-log records, the first_step event
     frameworks HF Trainer / Lightning layouts: checkpoint-N dirs, extra roots, member names
+    snapshots  memory snapshot slots in /dev/shm: names, the owner/mode trust rule
 
 Run-dir layout::
 
@@ -77,6 +78,9 @@ from .records import (
     read_heartbeat_record,
 )
 from .selection import iter_checkpoint_dirs, newest_valid, repoint_latest
+from .snapshots import (
+    SHM_DIR, SNAPSHOT_PREFIX, SNAPSHOT_SLOTS, TENSOR_REF, TENSORS_SUFFIX, snapshot_slot_paths, untrusted_slot_reason,
+)
 from .stepmark import STEP_MARK_SIZE, StepMark, reached_step, read_step_mark
 from .policies import (
     DIVERGED_ERROR_TYPE, DIVERGED_REASON, ENV_STRICT_RESUME, EXIT_DIVERGED, KIND_DIVERGED, LEARNED_TIMEOUTS_FILE,
@@ -114,4 +118,7 @@ __all__ = [
     # framework layouts (issue 13)
     "HF_PREFIX", "hf_checkpoint_name", "parse_hf_checkpoint_name", "ROOTS_FILE", "roots_file", "read_extra_roots",
     "record_extra_root", "LIGHTNING_CKPT",
+    # memory snapshot slots (issue 14)
+    "SHM_DIR", "SNAPSHOT_PREFIX", "SNAPSHOT_SLOTS", "TENSORS_SUFFIX", "TENSOR_REF", "snapshot_slot_paths",
+    "untrusted_slot_reason",
 ]

@@ -1,0 +1,113 @@
+"""Memory snapshots that survive the trainer (issue 14): kill -9 loses at most one step, the
+supervisor persists the snapshot, a half-written or untrusted slot is never used, no slot is left."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.save_modes import LONG, MODES, PLAIN, shm_segments
+from tests.shim.helpers import run_toy, shim_lines
+from tests.supervisor.helpers import ended_kinds, events, kill_group, start_cli, sup_env
+from trainer_shim import rundir
+
+from .common import TOY, assert_bit_exact, assert_no_survivors, reference, run_under_killer, verify_cli
+
+MEM = {"TOY_MEMORY_EVERY": "1"}
+# FAST, but a loaded 2-core box can take seconds to tear torch down after `finished`: no false hangs.
+SUP = ("--backoff", "0", "--heartbeat-timeout", "30", "--grace-period", "2")
+SMALL = ("--epochs", "2", "--save-every", "100")
+
+
+def test_kill9_with_a_snapshot_every_step_loses_nothing_and_the_supervisor_persists_it(tmp_path: Path) -> None:
+    ref = reference(tmp_path, *SMALL)
+    run_dir, out = tmp_path / "run", tmp_path / "weights.pt"
+    p = start_cli("--run-dir", str(run_dir), *SUP, TOY, *SMALL, "--out", str(out),
+                  env=sup_env(**MEM, TOY_FAULTS="1:kill@7,2:kill@17"))
+    try:
+        rc = p.wait(180)
+    finally:
+        kill_group(p)
+    assert rc == 0, p.stderr.read()[-3000:]
+    assert ended_kinds(run_dir) == ["signal", "signal", "success"]
+    persisted = events(run_dir, rundir.Event.CHECKPOINT_PERSISTED_BY_SUPERVISOR)
+    assert [e["step"] for e in persisted] == [7, 17], persisted
+    starts = [e.get("resume_from") for e in events(run_dir, "attempt_started")]
+    assert starts[1:] == [str(run_dir.resolve() / "checkpoints" / rundir.checkpoint_name(s)) for s in (7, 17)]
+    rd = rundir.RunDir(run_dir)
+    for n, step in ((2, 7), (3, 17)):
+        assert f"resumed from memory step {step}" in rd.attempt_log(n).read_text(), n
+    assert_bit_exact(out, ref)
+    assert verify_cli(run_dir).returncode == 0
+    assert not shm_segments(run_dir), "the supervisor left its shared-memory slots behind"
+
+
+def _killed_standalone(run_dir: Path) -> list[Path]:
+    """Attempt 1 killed right after step 17 with a snapshot every step: slots hold steps 16 and 17."""
+    p = run_toy(run_dir, *SMALL[:2], "--save-every", "5", faults="1:kill@17", env={**PLAIN, **MEM})
+    assert p.returncode == -9, p.stderr[-2000:]
+    slots = sorted(shm_segments(run_dir), key=lambda s: rundir.read_json(s / rundir.MANIFEST_NAME)["global_step"])
+    steps = [rundir.read_json(s / rundir.MANIFEST_NAME)["global_step"] for s in slots]
+    assert steps == [16, 17], steps
+    return slots
+
+
+@pytest.mark.parametrize("damage", ["half_written", pytest.param("loose_mode", marks=pytest.mark.skipif(
+    not LONG, reason="long variant: set RRTEST_LONG_FAULTS=1 (make test-faults)")), "foreign_owner"])
+def test_a_half_written_or_untrusted_slot_is_never_used(tmp_path: Path, damage: str) -> None:
+    args = (*SMALL[:2], "--save-every", "5")
+    run_dir = tmp_path / "run"
+    older, newest = _killed_standalone(run_dir)
+    if damage == "half_written":  # what fill() leaves until finalize(): data changing, no manifest
+        (newest / rundir.MANIFEST_NAME).unlink()
+        want = "resumed from memory step 16"
+    elif damage == "loose_mode":
+        os.chmod(newest, 0o755)
+        want = "resumed from memory step 16"
+    else:
+        os.chown(newest, 65534, 65534)
+        want = "resumed from"  # memory snapshots off for this attempt: the disk checkpoint of step 15
+    try:
+        p = run_toy(run_dir, *args, attempt=2, env={**PLAIN, **MEM})
+        assert p.returncode == 0, p.stderr[-3000:]
+        assert shim_lines(p, want), p.stderr
+        if damage != "half_written":
+            rejected = events(run_dir, "checkpoint_rejected")
+            assert rejected and "not trusted" in rejected[0]["reason"], rejected
+        if damage == "foreign_owner":
+            assert not shim_lines(p, "resumed from memory"), p.stderr
+            assert newest.exists(), "a foreign slot was touched"
+        assert_bit_exact(run_dir / "final_weights.pt", reference(tmp_path, *args))
+    finally:
+        if damage == "foreign_owner":
+            shutil.rmtree(newest, ignore_errors=True)
+    assert not shm_segments(run_dir)
+
+
+CHAOS_SEEDS = list(range(1, 11)) if LONG else [3]
+CHAOS_KILLS = 10 if LONG else 3
+JOB = ("--hidden", "900", "--samples", "400", "--batch-size", "4", "--epochs", "3", "--save-every", "10",
+       "--step-sleep", "0.01")
+
+
+@pytest.mark.parametrize("seed", CHAOS_SEEDS)
+@pytest.mark.parametrize("mode", [m for m in MODES if m != "sync" and (LONG or m == "async+memory")])
+def test_chaos_kill9_with_async_saves_and_memory_snapshots_is_bit_exact(tmp_path: Path, mode: str, seed: int) -> None:
+    ref = reference(tmp_path, *JOB)
+    run_dir, out = tmp_path / "run", tmp_path / "weights.pt"
+    # Half of the kills wait for a write (a .tmp-step-* dir: the background persist).
+    rc, stderr, killer = run_under_killer(run_dir, seed, CHAOS_KILLS, *SUP, TOY, *JOB, "--out", str(out),
+                                          env=sup_env(**MODES[mode]), timeout=400)
+    assert rc == 0, stderr[-3000:]
+    assert len(killer.log) == CHAOS_KILLS, killer.log
+    assert ended_kinds(run_dir) == ["signal"] * CHAOS_KILLS + ["success"]
+    assert not events(run_dir, "checkpoint_rejected"), "a .tmp-* or half-written snapshot was offered"
+    chosen = [e.get("resume_from") for e in events(run_dir, "attempt_started")]
+    assert not any(rundir.TMP_PREFIX in (c or "") for c in chosen)
+    assert_bit_exact(out, ref)
+    assert verify_cli(run_dir).returncode == 0
+    assert_no_survivors(run_dir, str(out))
+    assert not shm_segments(run_dir), "shared-memory snapshot slots outlived the run"

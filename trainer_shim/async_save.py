@@ -1,0 +1,321 @@
+"""Fast checkpoints: async disk saves and memory snapshots through shared-memory slots.
+
+`init(async_save=True)`: a due save copies the state into a slot (memory_snapshot.Slot: the
+preallocated buffers are the slot's mapped tensors) and returns; one writer THREAD (not a
+forked process: no copy-on-write cost after a restore) hashes the slot, writes its manifest
+(now it is a complete memory snapshot) and persists it to checkpoints/ with the one commit
+protocol (snapshot_store.persist: copy + verify digests + fsync, manifest last, rename, fsync
+dir, `latest`), then the index and rotation. At most one save is in flight:
+
+- a due *disk* save while one is in flight WAITS for it (a disk save is never dropped);
+- a due *memory* snapshot (`memory_every_steps`) is finalized on the training thread (copy +
+  hash: a kill -9 right after run.step() returns finds it complete); it goes into the slot the
+  writer does not hold. Only while the writer still hashes the other slot is there no slot it
+  may take: then it is skipped, with one `save_skipped` event per in-flight save.
+
+Writer failures become `checkpoint_failed` events and a warning at the next run.step();
+training continues. drain() (SIGTERM, finish(), an uncaught exception, interpreter exit) waits
+for the in-flight save, bounded by `grace`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional
+
+from . import checkpoint as ckpt
+from . import restoring, rundir, saving, snapshot_store
+from .errors import CheckpointError
+from .memory_snapshot import SlotError, Slots
+from .rundir import CheckpointInfo, CheckpointKind, Event, InvalidCheckpoint
+
+if TYPE_CHECKING:
+    from .run import Run
+
+DRAIN_GRACE = 30.0  # seconds finish()/SIGTERM/exceptions wait for an in-flight save
+
+
+def _say(msg: str) -> None:
+    print(f"trainer_shim: {msg}", file=sys.stderr, flush=True)
+
+
+@dataclasses.dataclass
+class _Job:
+    slot: int
+    snap: ckpt.Snapshot          # metadata only (files={}): the state is already in the slot
+    persist: bool                # write it to checkpoints/ after finalizing
+    finalized: bool = False      # the slot already has its manifest (a restored one)
+    staged: bool = False         # its big tensors still wait in the staging buffers
+
+
+class FastSaver:
+    """Owned by a single-process Run; see the module docstring for the policy."""
+
+    def __init__(self, run: "Run", *, async_save: bool, memory_every: Optional[int],
+                 grace: float = DRAIN_GRACE) -> None:
+        self.run = run
+        self.async_save = async_save
+        self.memory_every = memory_every
+        self.grace = grace
+        self.slots = Slots(run.rd)
+        for path, why in self.slots.prepare():  # SlotError: the caller turns fast saves off
+            _say(f"warning: memory snapshot {path} not trusted ({why}); replaced")
+            run._event(Event.CHECKPOINT_REJECTED, path=str(path), reason=f"memory snapshot not trusted: {why}")
+        self._cv = threading.Condition()
+        self._job: Optional[_Job] = None
+        self._pinned_complete = False
+        self._warnings: list[str] = []
+        self._skip_reported = False
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="trainer_shim-async-save")
+        self._thread.start()
+        atexit.register(self.drain)
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        return {"git_commit": self.run.git_commit, "git_dirty": self.run.git_dirty}
+
+    # --- training thread ------------------------------------------------------------------------
+
+    def on_step(self, disk_due: bool) -> None:
+        """run.step(): report writer failures, then take what is due."""
+        self.report()
+        step = self.run.global_step
+        memory_due = bool(self.memory_every and step % self.memory_every == 0)
+        if disk_due and self.async_save:
+            # A due memory snapshot is this save's slot, finalized before run.step() returns.
+            self.save_async(CheckpointKind.STEP, finalize_now=memory_due)
+            return
+        if disk_due:
+            self.run._save(CheckpointKind.STEP)
+        if memory_due:
+            self.memory_snapshot()
+
+    def report(self) -> None:
+        with self._cv:
+            msgs, self._warnings = self._warnings, []
+        for m in msgs:
+            _say(f"warning: {m}; training continues")
+
+    def save_async(self, kind: CheckpointKind, finalize_now: bool = False) -> None:
+        run = self.run
+        run._last_save_t = time.monotonic()
+        existing = saving.reusable(run, run.global_step, True)
+        if existing is not None:
+            run._retention.upgrade_kind(existing, kind)
+            return
+        with self._cv:
+            while self._job is not None:  # at most one in flight: a due disk save waits
+                self._cv.wait()
+            idx = self.slots.target(None, False)
+        snap = self._fill(idx, kind, staged=not finalize_now)
+        if snap is None:
+            run._save(kind)  # the slot failed (e.g. /dev/shm full): save synchronously instead
+            return
+        if finalize_now and not self._finalize(idx, snap):
+            run._save(kind)
+            return
+        self._submit(_Job(idx, snap, persist=True, finalized=finalize_now, staged=not finalize_now))
+
+    def memory_snapshot(self) -> None:
+        with self._cv:
+            pinned = self._job.slot if self._job is not None else None
+            idx = self.slots.target(pinned, self._pinned_complete)
+            if idx is None:
+                if not self._skip_reported:
+                    self._skip_reported = True
+                    self.run._event(Event.SAVE_SKIPPED, step=self.run.global_step, target="memory",
+                                    reason="the writer is still finalizing the other slot")
+                return
+        snap = self._fill(idx, CheckpointKind.STEP)
+        if snap is not None:
+            self._finalize(idx, snap)
+
+    def _finalize(self, idx: int, snap: ckpt.Snapshot) -> bool:
+        """Hash and write the manifest on the training thread: complete before run.step() returns."""
+        try:
+            self.slots.slots[idx].finalize(snap, self.meta)
+        except OSError as e:
+            self._fail_slot(idx, e)
+            return False
+        with self._cv:
+            self.slots.newest = idx
+        return True
+
+    def _fill(self, idx: int, kind: CheckpointKind, staged: bool = False) -> Optional[ckpt.Snapshot]:
+        run = self.run
+        full = saving.snapshot(run, kind, True)
+        try:
+            self.slots.slots[idx].fill(full.files, self.slots.staging if staged else None)
+        except (OSError, RuntimeError, SlotError) as e:
+            self._fail_slot(idx, e)
+            return None
+        return dataclasses.replace(full, files={})
+
+    def _fail_slot(self, idx: int, e: BaseException) -> None:
+        path = self.slots.slots[idx].path
+        self.slots.slots[idx].invalidate()
+        _say(f"warning: memory snapshot at step {self.run.global_step} failed in {path}: {e}; training continues")
+        self.run._event(Event.CHECKPOINT_FAILED, path=str(path), error=f"{type(e).__name__}: {e}")
+
+    def _submit(self, job: _Job) -> None:
+        with self._cv:
+            self._job = job
+            self._pinned_complete = job.finalized
+            self._skip_reported = False
+            self._cv.notify_all()
+
+    def drain(self, timeout: Optional[float] = None) -> bool:
+        """Wait for the in-flight save (bounded); True when nothing is in flight any more."""
+        deadline = time.monotonic() + (self.grace if timeout is None else timeout)
+        with self._cv:
+            while self._job is not None:
+                left = deadline - time.monotonic()
+                if left <= 0 or not self._thread.is_alive():
+                    return False
+                self._cv.wait(left)
+        self.report()
+        return True
+
+    def close(self, free: bool) -> None:
+        """finish(): wait for the writer; free the slots when the run's newest state is on disk."""
+        self.drain()
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+        atexit.unregister(self.drain)
+        if free:
+            self.slots.free()
+
+    # --- restore ---------------------------------------------------------------------------------
+
+    def restore_first(self, requested: Optional[str]) -> bool:
+        """Before the disk restore: resume from memory if a slot is at least as new as the disk pick."""
+        disk: Optional[CheckpointInfo] = None
+        if requested == rundir.RESUME_NONE:
+            pass
+        elif requested:
+            try:
+                disk = rundir.inspect_checkpoint(Path(requested))
+            except InvalidCheckpoint:
+                disk = None
+        else:
+            disk = rundir.newest_valid(self.run.search_dirs)
+        return self.try_restore(disk.step if disk is not None else -1, disk)
+
+    def try_restore(self, disk_step: int, disk: Optional[CheckpointInfo]) -> bool:
+        """Resume from the newest complete slot when it is newer than `disk_step` (or the same
+        checkpoint: same step and digests); persist it in the background when it is not on disk."""
+        run = self.run
+        for info in snapshot_store.complete_slots(run.rd.root, run.rd.node,
+                                                  on_reject=lambda p, r: restoring.reject(run, p, r)):
+            same = disk is not None and info.step == disk.step and info.manifest.files == disk.manifest.files
+            if info.step < disk_step or (info.step == disk_step and not same):
+                return False
+            try:
+                # Sizes only, no digest pass: the slot is ours (owner, 0600) and its manifest was
+                # written after its digests, so it is complete; persisting it re-verifies them.
+                restoring._apply(run, info.path, verify=False)
+            except CheckpointError as e:
+                restoring.reject(run, info.path, str(e))
+                continue
+            _say(f"resumed from memory step {info.step}")
+            self.slots.adopt(info.path)
+            if same:
+                run.resumed_from = str(disk.path)  # type: ignore[union-attr]
+            else:
+                self._submit(_Job(self.slots.newest, ckpt.Snapshot({}, info.step, info.manifest.epoch,  # type: ignore[arg-type]
+                                  info.manifest.batch_in_epoch, info.manifest.kind, info.manifest.loss),
+                                  persist=True, finalized=True))
+            return True
+        return False
+
+    # --- writer thread ---------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        try:  # Linux: a thread's own nice value; training keeps the CPU it needs
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+        except (OSError, AttributeError):
+            pass
+        while True:
+            with self._cv:
+                while self._job is None and not self._closed:
+                    self._cv.wait()
+                if self._job is None:
+                    return
+                job = self._job
+            try:
+                self._run_job(job)
+            except BaseException as e:  # never let the writer die silently
+                self._fail(job, f"{type(e).__name__}: {e}")
+            with self._cv:
+                self._job = None
+                self._pinned_complete = False
+                self._cv.notify_all()
+
+    def _run_job(self, job: _Job) -> None:
+        slot = self.slots.slots[job.slot]
+        if job.staged:
+            slot.flush(self.slots.staging)
+        if job.finalized:
+            info = rundir.inspect_checkpoint(slot.path)
+        else:
+            info = CheckpointInfo(slot.path, slot.finalize(job.snap, self.meta))
+            with self._cv:
+                self.slots.newest = job.slot
+                self._pinned_complete = True
+        if job.persist:
+            self._persist(job, info)
+
+    def _persist(self, job: _Job, info: CheckpointInfo) -> None:
+        run = self.run
+        for root in run.search_dirs:
+            if not saving.ensure_space(run, root, job.snap):
+                continue
+            try:
+                # No second digest pass: this thread hashed the slot and holds it (the supervisor's copy verifies).
+                final = snapshot_store.persist(info, root, progress=run._on_progress, verify=False)
+            except (OSError, InvalidCheckpoint) as e:
+                self._fail(job, f"{root / rundir.checkpoint_name(job.snap.global_step)}: {e}")
+                continue
+            if final is None:
+                return
+            run._last_size = sum(f.size for f in info.manifest.files.values())
+            run.checkpoint_step = job.snap.global_step
+            run._hb.fields["checkpoint_step"] = job.snap.global_step
+            run._retention.add(final, info.manifest)
+            run._retention.rotate()
+            return
+
+    def _fail(self, job: _Job, error: str) -> None:
+        path = self.run.rd.checkpoints / rundir.checkpoint_name(job.snap.global_step)
+        self.run._event(Event.CHECKPOINT_FAILED, path=str(path), error=error, background=True)
+        with self._cv:
+            self._warnings.append(f"background checkpoint at step {job.snap.global_step} failed: {error}")
+
+
+def make(run: "Run", async_save: bool, memory_every: Optional[int]) -> Optional[FastSaver]:
+    """The saver for init(async_save=..., memory_every_steps=...), or None: saves stay synchronous."""
+    if not async_save and not memory_every:
+        return None
+    if run.world_size > 1 or run.sharded:
+        _say("warning: async_save/memory_every_steps are single-process, unsharded only for now; "
+             "this run saves synchronously")
+        return None
+    try:
+        return FastSaver(run, async_save=async_save, memory_every=memory_every)
+    except SlotError as e:
+        _say(f"warning: memory snapshots off: {e}; this run saves synchronously")
+        run._event(Event.CHECKPOINT_REJECTED, path=str(e.path), reason=f"memory snapshot not trusted: {e}")
+        try:  # our own other slot: to disk if it is newer, then gone
+            snapshot_store.persist_newest(run.rd)
+        except (OSError, rundir.ContractError) as err:
+            _say(f"warning: cannot persist the memory snapshot: {err}")
+        snapshot_store.free(run.rd.root, run.rd.node)
+        return None

@@ -1,0 +1,233 @@
+"""Write a checkpoint into a shared-memory slot with the training stall of a memory copy.
+
+A slot (`/dev/shm/resilient-run-<hash>-<slot>/`, 0700, files 0600) holds the members of a
+normal checkpoint. model.pt and optimizer.pt are split: `<member>.tensors` is a torch.save'd
+flat list of the state's tensors, mapped MAP_SHARED once and then updated in place with
+`copy_` (the preallocated buffers *are* the slot), and `<member>` is the small skeleton with
+TENSOR_REF markers, rewritten each time (it holds lr, step counts ...). A structure change
+(new optimizer state, another shape) rewrites the tensor file once.
+
+Order of a snapshot: unlink MANIFEST.json (the slot stops being complete), copy, then
+`finalize()` hashes the members and writes MANIFEST.json last; a kill in between leaves a slot
+nobody uses. `fill()` is what training waits for; `finalize()` may run on the writer thread.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from . import checkpoint as ckpt
+from . import rundir, snapshot_store
+from .rundir import FileEntry, Manifest
+
+SPLIT = (ckpt.MODEL_FILE, ckpt.OPTIMIZER_FILE)
+
+
+class SlotError(Exception):
+    """A slot cannot be created or is not ours (owner/mode); memory snapshots are off."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path = path
+
+
+def split(obj: Any, out: list) -> Any:
+    """The skeleton of `obj` with every tensor moved to `out` and replaced by its marker."""
+    if isinstance(obj, torch.Tensor):
+        out.append(obj)
+        return f"{rundir.TENSOR_REF}{len(out) - 1}"
+    if isinstance(obj, dict):
+        new = type(obj)((k, split(v, out)) for k, v in obj.items())
+        if hasattr(obj, "_metadata"):
+            new._metadata = obj._metadata  # type: ignore[attr-defined]
+        return new
+    if isinstance(obj, list):
+        return [split(v, out) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(split(v, out) for v in obj)
+    return obj
+
+
+def _layout(tensors: list) -> list:
+    return [(t.dtype, tuple(t.shape), t.device.type) for t in tensors]
+
+
+def _write_new(path: Path, obj: Any) -> None:
+    """torch.save into a fresh owner-only file (replacing any old one)."""
+    tmp = path.with_name(path.name + ".new")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with os.fdopen(fd, "wb", closefd=False) as f:
+            torch.save(obj, f)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+class Staging:
+    """Reusable private CPU buffers for the async path: run.step() pays one copy into them (the
+    floor), the writer thread moves them into a slot. One set: one save in flight at a time."""
+
+    def __init__(self) -> None:
+        self.bufs: dict[str, list] = {}
+        self.layouts: dict[str, list] = {}
+
+    def put(self, name: str, tensors: list) -> None:
+        lay = _layout(tensors)
+        if self.layouts.get(name) != lay:
+            self.bufs[name] = [torch.empty(t.shape, dtype=t.dtype) for t in tensors]
+            self.layouts[name] = lay
+        with torch.no_grad():
+            for dst, src in zip(self.bufs[name], tensors):
+                dst.copy_(src)
+
+
+class Slot:
+    """One slot directory and the mapped tensor lists of its split members."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.views: dict[str, list] = {}     # member -> tensors mapped MAP_SHARED from <member>.tensors
+        self.layouts: dict[str, list] = {}
+        self.pending: list[str] = []         # split members whose tensors wait in the staging buffers
+
+    def prepare(self) -> Optional[str]:
+        """Create the slot (0700) or check ours. A loose one of ours (wrong mode) is never trusted:
+        it is emptied and recreated (the reason is returned); a foreign one raises SlotError."""
+        why = rundir.untrusted_slot_reason(self.path) if os.path.lexists(self.path) else None
+        if why is not None:
+            if os.lstat(self.path).st_uid != os.geteuid():
+                raise SlotError(self.path, why)
+            snapshot_store.remove(self.path)
+        if not os.path.lexists(self.path):
+            try:
+                os.mkdir(self.path, 0o700)
+            except FileExistsError:
+                pass
+            except OSError as e:
+                raise SlotError(self.path, f"cannot create: {e.strerror or e}") from e
+        now = rundir.untrusted_slot_reason(self.path)
+        if now is not None:
+            raise SlotError(self.path, now)
+        return why
+
+    def invalidate(self) -> None:
+        try:
+            os.unlink(self.path / rundir.MANIFEST_NAME)
+        except FileNotFoundError:
+            pass
+
+    def fill(self, files: dict[str, Any], staging: Optional[Staging] = None) -> None:
+        """Copy `files` (member -> state) into the slot, or its big tensors into `staging` (then
+        flush() completes the slot); the caller's tensors may change right after either way."""
+        self.invalidate()
+        self.pending = []
+        for name in list(self.views):
+            if name not in files:
+                self.views.pop(name)
+                self.layouts.pop(name, None)
+        present = set()
+        for name, obj in files.items():
+            present.add(name)
+            if name not in SPLIT:
+                _write_new(self.path / name, obj)
+                continue
+            tensors: list = []
+            skel = split(obj, tensors)
+            present.add(name + rundir.TENSORS_SUFFIX)
+            if staging is not None:
+                staging.put(name, tensors)
+                self.pending.append(name)
+            else:
+                self._store(name, tensors)
+            _write_new(self.path / name, skel)
+        for ent in os.scandir(self.path):  # members of an older layout (e.g. an optimizer since dropped)
+            if ent.name not in present:
+                os.unlink(ent.path)
+
+    def flush(self, staging: Staging) -> None:
+        """Writer thread: move the staged tensors into the slot's mapped files."""
+        for name in self.pending:
+            self._store(name, staging.bufs[name])
+        self.pending = []
+
+    def _store(self, name: str, tensors: list) -> None:
+        tpath = self.path / (name + rundir.TENSORS_SUFFIX)
+        views = self.views.get(name)
+        if views is not None and self.layouts.get(name) == _layout(tensors) and tpath.exists():
+            with torch.no_grad():
+                for dst, src in zip(views, tensors):
+                    dst.copy_(src)
+        else:
+            self._remap(name, tpath, tensors)
+
+    def _remap(self, name: str, tpath: Path, tensors: list) -> None:
+        """(Re)write the tensor list with torch.save and map it shared, so later copies go in place."""
+        self.views.pop(name, None)
+        _write_new(tpath, [t.detach().cpu() for t in tensors])
+        with torch.serialization.set_default_mmap_options(mmap.MAP_SHARED):
+            self.views[name] = torch.load(tpath, map_location="cpu", weights_only=True, mmap=True)
+        self.layouts[name] = _layout(tensors)
+
+    def finalize(self, snap: ckpt.Snapshot, meta: dict[str, Any]) -> Manifest:
+        """Hash the members and write MANIFEST.json last: from now on the slot is a complete snapshot."""
+        entries = {}
+        for ent in sorted(os.scandir(self.path), key=lambda e: e.name):
+            if ent.name == rundir.MANIFEST_NAME or ent.name.endswith(".new"):
+                continue
+            entries[ent.name] = FileEntry(os.path.getsize(ent.path), rundir.digest_file(Path(ent.path)))
+        manifest = ckpt._manifest(snap, entries, meta)
+        rundir.atomic_write_bytes(self.path / rundir.MANIFEST_NAME, snapshot_store.manifest_bytes(manifest),
+                                  durable=False)
+        return manifest
+
+    def close(self) -> None:
+        self.views.clear()
+        self.layouts.clear()
+
+
+class Slots:
+    """The two slots of one run dir: which is newest-complete, which the writer holds."""
+
+    def __init__(self, rd: rundir.RunDir) -> None:
+        self.rd = rd
+        self.slots = [Slot(p) for p in rundir.snapshot_slot_paths(rd.root, rd.node)]
+        self.staging = Staging()
+        self.newest: Optional[int] = None  # index of the newest complete slot this process wrote/restored
+
+    def prepare(self) -> list[tuple[Path, str]]:
+        """Every slot ready; (path, reason) of loose ones that were replaced."""
+        out = []
+        for s in self.slots:
+            why = s.prepare()
+            if why is not None:
+                out.append((s.path, why))
+        return out
+
+    def target(self, pinned: Optional[int], pinned_complete: bool) -> Optional[int]:
+        """The slot the next snapshot may overwrite: never the only complete one, never a pinned one.
+
+        None while the writer still finalizes the other slot (no second complete one exists yet).
+        """
+        other = 0 if self.newest is None else 1 - self.newest
+        if other != pinned:
+            return other
+        if pinned_complete and self.newest is not None:
+            return self.newest  # the writer's slot is complete: overwriting the newer one keeps it
+        return None
+
+    def free(self) -> None:
+        for s in self.slots:
+            s.close()
+        snapshot_store.free(self.rd.root, self.rd.node)
+
+    def adopt(self, path: Path) -> None:
+        """A slot this process restored from is the newest complete one (not overwritten first)."""
+        for i, s in enumerate(self.slots):
+            if s.path == path:
+                self.newest = i

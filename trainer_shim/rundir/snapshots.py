@@ -1,0 +1,54 @@
+"""Memory snapshot slots (issue 14): names and the trust rule, shared by the shim and the supervisor.
+
+A memory snapshot is a checkpoint directory on tmpfs (`/dev/shm/resilient-run-<hash>-<slot>/`),
+0700 with 0600 files, in the disk member format, its MANIFEST.json (digests) written last; so
+the supervisor persists one by copying bytes. Big tensors live in `<member>.tensors` (a
+torch.save'd flat list the shim updates in place); `<member>` then holds the small skeleton whose
+tensor leaves are TENSOR_REF markers. Events: Event.CHECKPOINT_PERSISTED_BY_SUPERVISOR {path,
+step}, Event.SAVE_SKIPPED {step, target, reason}; async writer failures are CHECKPOINT_FAILED
+with `background: true`.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+from typing import Optional
+
+import xxhash
+
+SHM_DIR = Path("/dev/shm")
+SNAPSHOT_PREFIX = "resilient-run-"
+SNAPSHOT_SLOTS = 2                 # at most two snapshot slots per run dir (node)
+TENSORS_SUFFIX = ".tensors"        # the member holding the raw tensor list of `<member>`
+TENSOR_REF = "\x00rr-tensor:"      # skeleton leaf standing for tensors[i] (NUL: never user text)
+
+
+def snapshot_slot_paths(run_root: Path, node: Optional[int] = None) -> list[Path]:
+    """`/dev/shm/resilient-run-<16 hex>-<i>`: one name per run dir (and node), stable across processes."""
+    key = f"{os.path.realpath(run_root)}\0{'' if node is None else node}"
+    prefix = f"{SNAPSHOT_PREFIX}{xxhash.xxh3_64_hexdigest(key.encode())}-"
+    return [SHM_DIR / f"{prefix}{i}" for i in range(SNAPSHOT_SLOTS)]
+
+
+def untrusted_slot_reason(path: Path) -> Optional[str]:
+    """Why a slot must not be trusted (owner or mode differ, or it is no plain dir); None if fine."""
+    try:
+        st = os.lstat(path)
+    except OSError as e:
+        return f"cannot stat: {e.strerror or e}"
+    if not stat.S_ISDIR(st.st_mode):
+        return "not a directory"
+    if st.st_uid != os.geteuid():
+        return f"owned by uid {st.st_uid}, not {os.geteuid()}"
+    if st.st_mode & 0o077:
+        return f"mode {stat.S_IMODE(st.st_mode):o} is readable by others (want 700)"
+    try:
+        for ent in os.scandir(path):
+            fst = ent.stat(follow_symlinks=False)
+            if not stat.S_ISREG(fst.st_mode) or fst.st_uid != os.geteuid() or fst.st_mode & 0o077:
+                return f"{ent.name}: not an owner-only regular file"
+    except OSError as e:
+        return f"cannot list: {e.strerror or e}"
+    return None

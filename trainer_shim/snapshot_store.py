@@ -1,0 +1,205 @@
+"""Memory snapshot slots as seen without torch: find the complete ones, persist one to disk, free them.
+
+Both sides use this: the supervisor persists the newest slot after an attempt dies (event
+checkpoint_persisted_by_supervisor) and frees the slots when it stops; a trainer started without
+a supervisor persists a slot it restored from in the background. Persisting is a byte copy of
+the slot's members, hashed on the way and compared with the digests the slot's manifest already
+holds, committed by the one commit protocol (manifest last, rename, fsync dir, `latest`).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Optional
+
+from . import rundir
+from .rundir import CheckpointInfo, InvalidCheckpoint, Manifest
+
+_COPY_CHUNK = 8 << 20
+
+
+def complete_slots(run_root: Path, node: Optional[int] = None,
+                   on_reject: Optional[Callable[[Path, str], None]] = None) -> list[CheckpointInfo]:
+    """Trusted slots whose manifest is written and whose members have their sizes, newest step first.
+
+    A slot being rewritten has no MANIFEST.json (it is unlinked before the first byte changes),
+    so a half-written slot is never listed.
+    """
+    found = []
+    for path in rundir.snapshot_slot_paths(run_root, node):
+        if not os.path.lexists(path):
+            continue
+        why = rundir.untrusted_slot_reason(path)
+        if why is not None:
+            if on_reject:
+                on_reject(path, f"memory snapshot not trusted: {why}")
+            continue
+        if not (path / rundir.MANIFEST_NAME).exists():
+            continue  # being written, or abandoned mid-write: never used
+        try:
+            found.append(rundir.inspect_checkpoint(path))
+        except InvalidCheckpoint as e:
+            if on_reject:
+                on_reject(path, f"memory snapshot: {e.reason}")
+    found.sort(key=lambda i: i.step, reverse=True)
+    return found
+
+
+def commit_dir(tmp: Path, final: Path, manifest_bytes: bytes, exact: bool) -> None:
+    """MANIFEST.json last (its presence makes the checkpoint complete), rename, repoint `latest`.
+
+    No temp+rename for the manifest inside tmp: the whole dir is invisible until its own rename.
+    """
+    fd = os.open(tmp / rundir.MANIFEST_NAME, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        data = manifest_bytes
+        while data:
+            data = data[os.write(fd, data):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    rundir.fsync_dir(tmp)
+    os.rename(tmp, final)
+    rundir.fsync_dir(final.parent)
+    if exact:  # `latest` names something resumable; an emergency save is not
+        rundir.repoint_latest(final.parent, final.name)
+
+
+def manifest_bytes(manifest: Manifest) -> bytes:
+    return (json.dumps(manifest.to_json(), indent=1, sort_keys=True) + "\n").encode()
+
+
+def _copy_member(src: Path, dst: Path, want: Optional[str], progress: Callable[[int], None], base: int) -> int:
+    """Copy one member, hashing what is written; InvalidCheckpoint if it is not what the manifest
+    says. want=None: an in-kernel copy (copy_file_range), no hashing."""
+    if want is None:
+        try:
+            return _kernel_copy(src, dst, progress, base)
+        except OSError as e:
+            if e.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+                raise
+            os.unlink(dst)
+    h = rundir.new_hasher()
+    n = 0
+    buf = bytearray(_COPY_CHUNK)
+    view = memoryview(buf)
+    with open(src, "rb", buffering=0) as f:
+        fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            while True:
+                got = f.readinto(buf)
+                if not got:
+                    break
+                piece = view[:got]
+                h.update(piece)
+                while piece:
+                    piece = piece[os.write(fd, piece):]
+                n += got
+                progress(base + n)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    if want is not None and h.hexdigest() != want:
+        raise InvalidCheckpoint(src.parent, f"{src.name} digest mismatch (changed in memory?)")
+    return n
+
+
+def _kernel_copy(src: Path, dst: Path, progress: Callable[[int], None], base: int) -> int:
+    n = 0
+    with open(src, "rb", buffering=0) as f:
+        fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            while True:
+                got = os.copy_file_range(f.fileno(), fd, _COPY_CHUNK)
+                if not got:
+                    break
+                n += got
+                progress(base + n)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    return n
+
+
+def persist(info: CheckpointInfo, ckpt_root: Path,
+            progress: Callable[[int], None] = lambda n: None, verify: bool = True) -> Optional[Path]:
+    """Copy a complete slot into ckpt_root as step-N; None if step-N already exists there.
+
+    `verify` hashes every byte copied against the slot's manifest (a slot someone else wrote);
+    the writer thread that just hashed the slot and holds it copies in the kernel instead.
+
+    OSError (disk) and InvalidCheckpoint (the slot changed or lied) propagate; the tmp dir is
+    removed on any failure and a committed dir is never overwritten.
+    """
+    name = rundir.checkpoint_name(info.step)
+    final = Path(ckpt_root) / name
+    if final.exists():
+        return None
+    tmp = Path(ckpt_root) / f"{rundir.TMP_PREFIX}{name}"
+    try:
+        final.parent.mkdir(mode=rundir.RUN_DIR_MODE, parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(mode=rundir.RUN_DIR_MODE)
+        written = 0
+        for rel, ent in sorted(info.manifest.files.items()):
+            src = rundir.safe_member(info.path, rel)
+            written += _copy_member(src, tmp / rel, ent.xxh3_128 if verify else None, progress, written)
+        commit_dir(tmp, final, (info.path / rundir.MANIFEST_NAME).read_bytes(), info.manifest.exact)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def add_to_index(rd: rundir.RunDir, path: Path, manifest: Manifest) -> None:
+    """Record a checkpoint the trainer did not write itself (rotation is the next save's business)."""
+    idx = rundir.read_index(rd)
+    idx[path.name] = rundir.index_entry(manifest, is_best=False, directory=path)
+    rundir.atomic_write_json(rd.index, idx)
+
+
+def persist_newest(rd: rundir.RunDir, on_reject: Optional[Callable[[Path, str], None]] = None,
+                   ) -> Optional[tuple[Path, Manifest]]:
+    """Persist the newest complete slot if it is newer than every valid disk checkpoint."""
+    slots = complete_slots(rd.root, rd.node, on_reject)
+    if not slots:
+        return None
+    disk = rundir.newest_valid(rundir.checkpoint_roots(rd))
+    best = slots[0]
+    if disk is not None and disk.step >= best.step:
+        return None
+    final = persist(best, rd.checkpoints)
+    if final is None:
+        return None
+    try:
+        add_to_index(rd, final, best.manifest)
+    except OSError:
+        pass  # the index is bookkeeping; the committed dir is what counts
+    return final, best.manifest
+
+
+def remove(path: Path) -> None:
+    """Remove one slot (dir, or whatever else sits at its name) without following links."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+def free(run_root: Path, node: Optional[int] = None) -> None:
+    """Remove this run's slots (only ones this user owns; a foreign one is not ours to touch)."""
+    for path in rundir.snapshot_slot_paths(run_root, node):
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if st.st_uid == os.geteuid():
+            remove(path)
