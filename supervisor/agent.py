@@ -27,7 +27,7 @@ from trainer_shim.rundir import (
 from . import procs, snapshots
 from .cgroup import KernelLog, MemoryCgroup
 from .classify import AttemptFacts, Kind, classify
-from .launch import parse_rendezvous_failure, parse_torchrun_failure, standby_command
+from .launch import is_python_script, parse_rendezvous_failure, parse_torchrun_failure, standby_command
 from .config import Config
 from .errors import EXIT_GAVE_UP, EXIT_OK, EXIT_STOPPED, LockedError, RunDirError
 from .heartbeat import HeartbeatEvents, HeartbeatMonitor, allowance
@@ -43,6 +43,12 @@ __all__ = ["State", "AttemptResult", "Supervisor", "say"]
 POISONED = "poisoned"              # prefix of the checkpoint_rejected reason for crash loops
 STACK_DUMP_WAIT = 2.0              # SIGUSR1 to SIGTERM on a hang: time for faulthandler to write
 TREE_SCAN_EVERY = 5.0              # how often descendants are recorded (OOM evidence, orphan kill)
+# A warm interpreter for a single-process job (trainer_shim.warm) is prestarted only while
+# MemAvailable >= WARM_MEMORY_FACTOR x the running attempt's peak RSS (its process tree, sampled every
+# TREE_SCAN_EVERY), and at least WARM_MEMORY_FLOOR: the idle standby costs torch's ~250 MB and the
+# restarted attempt will need its predecessor's peak again.
+WARM_MEMORY_FACTOR = 2.0
+WARM_MEMORY_FLOOR = 512 << 20
 METRICS_EVERY = 10.0
 RETRY_WRITES_EVERY = 5.0
 CHILD_EXIT_GRACE = 5.0             # after the main process exits, its leftovers get this long
@@ -105,6 +111,7 @@ class _Attempt:
     stale_detail: str = ""
     resumed_from: Optional[str] = None
     resumed_known: bool = False
+    peak_rss: int = 0    # the largest summed RSS of the attempt's process tree seen so far
 
 
 @dataclasses.dataclass
@@ -113,6 +120,7 @@ class _Standby:
 
     number: int
     child: procs.Child
+    warm: bool = False   # a warm interpreter (trainer_shim.warm) rather than a prestarted torchrun
 
 
 class Supervisor:
@@ -367,8 +375,14 @@ class Supervisor:
         assert a is not None
         if now - a.last_scan >= TREE_SCAN_EVERY:
             a.last_scan = now
+            rss = 0
             for p in procs.tree(a.child.pid):
                 a.seen.setdefault(p.pid, p)
+                try:
+                    rss += p.memory_info().rss
+                except psutil.Error:
+                    pass
+            a.peak_rss = max(a.peak_rss, rss)
         before = a.monitor.first
         a.monitor.observe(now)
         hb = a.monitor.first
@@ -497,7 +511,7 @@ class Supervisor:
         )
         self.state = State.RUNNING
         self._emit("attempt_started", pid=child.pid, resume_from=chosen, command=list(self.smart.command),
-                   prestarted=sb is not None)
+                   prestarted=sb is not None, warm=sb is not None and sb.warm)
         self._write_state()
         say(f"attempt {n} started (pid {child.pid}), " + (f"resuming from {chosen}" if chosen else "starting fresh"))
         self.notifier.status(self._status_line())
@@ -506,8 +520,11 @@ class Supervisor:
 
     def _prestart(self) -> None:
         """Start the next attempt's torchrun now, so that a restart does not wait for its imports."""
-        argv = standby_command(self.smart.command) if self.config.prestart else None
+        argv = standby_command(self.smart.command, self.config.preload) if self.config.prestart else None
         if argv is None or self._standby is not None or self.stop_requested or self.exit_code is not None:
+            return
+        warm = is_python_script(self.smart.command)
+        if warm and not self._memory_for_warm():
             return
         n = self._next_log_number()
         try:  # the attempt's own variables come over the pipe when it is needed
@@ -516,7 +533,21 @@ class Supervisor:
         except OSError as e:
             say(f"cannot prestart the next attempt's launcher ({e.strerror or e}); restarts start it cold")
             return
-        self._standby = _Standby(n, child)
+        self._standby = _Standby(n, child, warm=warm)
+
+    def _memory_for_warm(self) -> bool:
+        """The rule of WARM_MEMORY_FACTOR: is there room for an idle warm interpreter?"""
+        peak = self.attempt.peak_rss if self.attempt is not None else 0
+        need = max(WARM_MEMORY_FLOOR, int(WARM_MEMORY_FACTOR * peak))
+        try:
+            avail = psutil.virtual_memory().available
+        except (OSError, psutil.Error):
+            return False
+        if avail < need:
+            say(f"not prestarting a warm interpreter: {avail >> 20} MiB available < {need >> 20} MiB "
+                f"({WARM_MEMORY_FACTOR:g} x the attempt's peak RSS); a restart starts cold")
+            return False
+        return True
 
     def _activate_standby(self, chosen: Optional[str]) -> Optional[_Standby]:
         """Hand the prestarted launcher its attempt's environment; None when there is none usable."""

@@ -92,7 +92,8 @@ def run(
     nnodes: Optional[int] = typer.Option(None, "--nnodes", help="Number of nodes (with --nproc-per-node; >1 needs --node-rank and --rdzv-endpoint)."),
     node_rank: Optional[int] = typer.Option(None, "--node-rank", help="This node's rank, 0..nnodes-1."),
     rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint", help="HOST:PORT of the c10d rendezvous, the same on every node."),
-    prestart: Optional[bool] = typer.Option(None, "--prestart/--no-prestart", help="torchrun jobs: import the next attempt's launcher ahead of a restart (default on; ~250 MB idle)."),
+    prestart: Optional[bool] = typer.Option(None, "--prestart/--no-prestart", help="torchrun and SCRIPT.py jobs: import the next attempt's launcher / a warm interpreter ahead of a restart (default on; ~250 MB idle)."),
+    preload: Optional[str] = typer.Option(None, "--preload", help="MODULE,...: what a warm interpreter imports besides torch (SCRIPT.py jobs)."),
     divergence_window: Optional[int] = typer.Option(None, "--divergence-window", help=f"A job that diverges (non-finite loss) within this many steps of its resume condemns that checkpoint (default {DEFAULTS.divergence_window})."),
     strict_resume: Optional[bool] = typer.Option(None, "--strict-resume/--no-strict-resume", help="Refuse (exit 2, not retried) to resume a checkpoint whose git commit, dirty state or arguments differ (default: warn)."),
 ) -> None:
@@ -110,6 +111,7 @@ def run(
         "working_dir": str(working_dir) if working_dir else None,
         "nproc_per_node": nproc_per_node, "nnodes": nnodes, "node_rank": node_rank, "rdzv_endpoint": rdzv_endpoint,
         "prestart": prestart, "heartbeat_timeout_floor": heartbeat_timeout_floor, "divergence_window": divergence_window, "strict_resume": strict_resume,
+        "preload": preload,
     }
     cfg: Config = build_config(file_values, cli_values)
     if not tokens and cfg.script and not os.path.isfile(cfg.script):

@@ -49,7 +49,8 @@ class Config:
     nnodes: Optional[int] = None
     node_rank: Optional[int] = None
     rdzv_endpoint: Optional[str] = None
-    prestart: bool = True             # torchrun jobs: start the next attempt's launcher ahead of need
+    prestart: bool = True             # torchrun / python SCRIPT.py jobs: start the next attempt's launcher ahead of need
+    preload: tuple[str, ...] = ()     # modules a warm interpreter (SCRIPT.py jobs) imports besides torch
     divergence_window: int = 200      # a `diverged` attempt this many steps after its resume poisons that checkpoint
     strict_resume: bool = False       # a provenance mismatch on resume is an exit-2 refusal, not a warning
     policy: tuple = ()                # failure_policy.KindRule per failure kind (the YAML `policy:` section)
@@ -149,6 +150,14 @@ def _validate(values: dict[str, Any], source: str) -> dict[str, Any]:
                 from .failure_policy import parse_policy
 
                 out[key] = value if isinstance(value, tuple) else parse_policy(value)
+            elif key == "preload":
+                items = value.split(",") if isinstance(value, str) else value
+                if not isinstance(items, (list, tuple)) or not all(isinstance(m, str) for m in items):
+                    raise ConfigError(f"preload: expected MODULE,... or a list of module names, got {value!r}")
+                bad = [m for m in items if m.strip() and not all(part.isidentifier() for part in m.strip().split("."))]
+                if bad:
+                    raise ConfigError(f"preload: {bad[0]!r} is not a module name")
+                out[key] = tuple(m.strip() for m in items if m.strip())
             elif key == "memory_limit":
                 out[key] = parse_size(value, key)
             elif key == "no_restart_exit_codes":

@@ -16,10 +16,11 @@ from typing import Optional, Sequence
 
 from .errors import ConfigError
 
-__all__ = ["torchrun_command", "parse_torchrun_failure", "parse_rendezvous_failure", "TorchrunOptions", "torchrun_options", "standby_command"]
+__all__ = ["torchrun_command", "parse_torchrun_failure", "parse_rendezvous_failure", "TorchrunOptions", "torchrun_options", "standby_command", "is_python_script"]
 
 _TORCHRUN_MODULE = "torch.distributed.run"
 STANDBY_MODULE = "trainer_shim.standby"
+WARM_MODULE = "trainer_shim.warm"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,12 +100,22 @@ def torchrun_command(
     return (*cmd, script, *args)
 
 
-def standby_command(command: Sequence[str]) -> Optional[tuple[str, ...]]:
-    """The argv of a standby launcher for `command` (`python -m torch.distributed.run ...` under our own
-    Python, where trainer_shim is importable), else None: any other command starts cold."""
+def standby_command(command: Sequence[str], preload: Sequence[str] = ()) -> Optional[tuple[str, ...]]:
+    """The argv of a standby for `command` under our own Python (where trainer_shim is importable):
+    a prestarted torchrun for `python -m torch.distributed.run ...`, a warm interpreter (torch and
+    `preload` imported) for `python SCRIPT.py ARGS...`; None for any other command: it starts cold."""
     if len(command) >= 3 and command[0] == sys.executable and tuple(command[1:3]) == ("-m", _TORCHRUN_MODULE):
         return (command[0], "-m", STANDBY_MODULE, *command[3:])
+    if is_python_script(command):
+        opts = (f"--preload={','.join(preload)}",) if preload else ()
+        return (command[0], "-m", WARM_MODULE, *opts, *command[1:])
     return None
+
+
+def is_python_script(command: Sequence[str]) -> bool:
+    """True for `python SCRIPT.py ARGS...` under our own Python (no interpreter options before the script)."""
+    return len(command) >= 2 and command[0] == sys.executable and command[1].endswith(".py") \
+        and not command[1].startswith("-")
 
 
 # torchrun's failure summary (torch.distributed.elastic ChildFailedError), e.g.

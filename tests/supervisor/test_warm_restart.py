@@ -1,0 +1,59 @@
+"""Warm restart of a single-process SCRIPT.py job: the next attempt runs in an interpreter that
+imported torch while the attempt before it trained (trainer_shim.warm), and looks exactly like a
+cold start to the classifier and to the weights."""
+
+from __future__ import annotations
+
+import subprocess
+
+import psutil
+import torch
+
+from tests.conftest import JOBS, PYTHON
+
+from .helpers import alive, attempt_pids, ended_kinds, events, run_cli, sup_env
+
+TOY = str(JOBS / "toy_train.py")
+FAULTS = "1:kill@12,2:raise@24"   # kill -9, then an uncaught exception in the (warm) second attempt
+
+
+def _run(tmp_path, name: str, *extra: str) -> tuple:
+    rd, out = tmp_path / name, tmp_path / f"{name}.pt"
+    r = run_cli("--run-dir", str(rd), "--backoff", "0", *extra, TOY, "--out", str(out), "--step-sleep", "0.02",
+                env=sup_env(TOY_FAULTS=FAULTS), timeout=180)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return rd, out
+
+
+def _no_standby_left(marker: str) -> None:
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = p.info["cmdline"] or []
+        assert not ("trainer_shim.warm" in cmd and any(marker in c for c in cmd)), cmd
+
+
+def test_warm_restart_matches_cold_and_is_bit_exact(tmp_path):
+    ref = tmp_path / "reference.pt"
+    subprocess.run([PYTHON, TOY, "--run-dir", str(tmp_path / "ref"), "--out", str(ref)],
+                   env=sup_env(), check=True, capture_output=True, timeout=120)
+    warm_rd, warm_out = _run(tmp_path, "warm")
+    cold_rd, cold_out = _run(tmp_path, "cold", "--no-prestart")
+
+    # Every restart of the warm run went to a warm interpreter; --no-prestart started all cold.
+    assert [e["warm"] for e in events(warm_rd, "attempt_started")] == [False, True, True]
+    assert [e["warm"] for e in events(cold_rd, "attempt_started")] == [False, False, False]
+    # The kill -9 and the exception in the warm attempt are classified exactly as cold ones.
+    assert ended_kinds(warm_rd) == ended_kinds(cold_rd) == ["signal", "crash", "success"]
+    fields = ("kind", "exit_code", "signal", "evidence", "step")
+    warm_ended = [{k: e.get(k) for k in fields} for e in events(warm_rd, "attempt_ended")]
+    cold_ended = [{k: e.get(k) for k in fields} for e in events(cold_rd, "attempt_ended")]
+    assert warm_ended == cold_ended
+    # Both finish bit-exact against the uninterrupted run.
+    expected = torch.load(ref)
+    for out in (warm_out, cold_out):
+        got = torch.load(out)
+        assert got.keys() == expected.keys()
+        assert all(torch.equal(got[k], expected[k]) for k in got)
+    # Nothing left behind: no attempt, no idle warm interpreter.
+    for pid in attempt_pids(warm_rd) + attempt_pids(cold_rd):
+        assert not alive(pid)
+    _no_standby_left(str(warm_out))
