@@ -35,6 +35,9 @@ def main() -> None:
         sys.exit("usage: python -m trainer_shim.warm [--preload M1,M2] SCRIPT.py ARGS...")
     import torch  # noqa: F401  - the point: pay for the imports before the restart
 
+    import torch._dynamo  # noqa: F401  - every torch.optim.Optimizer() imports it lazily: ~0.7 s at the first step
+    import trainer_shim.run  # noqa: F401  - the shim's training path, imported lazily by trainer_shim.init
+
     for name in preload:
         importlib.import_module(name)
     msg = StandbyMessage.from_line(sys.stdin.buffer.readline())
