@@ -527,6 +527,8 @@ class Supervisor:
         if warm and not self._memory_for_warm():
             return
         n = self._next_log_number()
+        if warm:  # an interpreter still importing torch would make the restart slower than a cold one
+            argv = (*argv[:3], f"--ready={self._warm_ready_file(n)}", *argv[3:])
         try:  # the attempt's own variables come over the pipe when it is needed
             child = procs.spawn(argv, env=self._base_env(), cwd=self.config.working_dir, log_path=self.rd.attempt_log(n),
                                 stdin_pipe=True)
@@ -534,6 +536,10 @@ class Supervisor:
             say(f"cannot prestart the next attempt's launcher ({e.strerror or e}); restarts start it cold")
             return
         self._standby = _Standby(n, child, warm=warm)
+
+    def _warm_ready_file(self, n: int) -> Path:
+        log = self.rd.attempt_log(n)
+        return log.with_name(log.name + ".warm-ready")
 
     def _memory_for_warm(self) -> bool:
         """The rule of WARM_MEMORY_FACTOR: is there room for an idle warm interpreter?"""
@@ -554,7 +560,8 @@ class Supervisor:
         sb = self._standby
         if sb is None:
             return None
-        if sb.number <= self.attempt_no or sb.child.poll() is not None or sb.child.popen.stdin is None:
+        if sb.number <= self.attempt_no or sb.child.poll() is not None or sb.child.popen.stdin is None \
+                or (sb.warm and not self._warm_ready_file(sb.number).exists()):
             self._discard_standby()
             return None
         try:
@@ -569,12 +576,16 @@ class Supervisor:
             self._discard_standby()
             return None
         self._standby = None
+        if sb.warm:
+            self._warm_ready_file(sb.number).unlink(missing_ok=True)
         return sb
 
     def _discard_standby(self) -> None:
         sb, self._standby = self._standby, None
         if sb is None:
             return
+        if sb.warm:
+            self._warm_ready_file(sb.number).unlink(missing_ok=True)
         procs.kill_tree(sb.child.pid, grace=0, tick=self._tick, reap=sb.child.poll)
         sb.child.close()
         try:

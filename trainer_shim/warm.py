@@ -12,7 +12,8 @@ with the interpreter's start, never the script's own code. Exceptions, `sys.exit
 signals leave this process exactly as they leave `python SCRIPT.py` (the interpreter's own exit
 path: the traceback is printed by sys.excepthook and the exit code is 1).
 
-Usage (by the supervisor only): python -m trainer_shim.warm [--preload M1,M2] SCRIPT.py ARGS...
+Usage (by the supervisor only): python -m trainer_shim.warm [--preload=M1,M2] [--ready=FILE] SCRIPT.py ARGS...
+(FILE is created once the imports are done.)
 """
 
 from __future__ import annotations
@@ -28,8 +29,13 @@ from .rundir import StandbyMessage
 def main() -> None:
     argv = sys.argv[1:]
     preload: list[str] = []
-    if argv and argv[0].startswith("--preload="):
-        preload = [m for m in argv[0].split("=", 1)[1].split(",") if m]
+    ready = None
+    while argv and argv[0].startswith(("--preload=", "--ready=")):
+        opt, _, val = argv[0].partition("=")
+        if opt == "--preload":
+            preload = [m for m in val.split(",") if m]
+        else:
+            ready = val
         argv = argv[1:]
     if not argv:
         sys.exit("usage: python -m trainer_shim.warm [--preload M1,M2] SCRIPT.py ARGS...")
@@ -40,6 +46,8 @@ def main() -> None:
 
     for name in preload:
         importlib.import_module(name)
+    if ready:  # the supervisor uses this interpreter only once its imports are done (else it starts cold)
+        open(ready, "w").close()
     msg = StandbyMessage.from_line(sys.stdin.buffer.readline())
     if msg is None:
         sys.exit(0)
