@@ -25,6 +25,11 @@ def allowance(phase: Optional[str], config: Config) -> float:
         return max(config.heartbeat_timeout, config.startup_timeout)
     if phase == Phase.SAVING.value:
         return max(config.heartbeat_timeout, config.save_timeout)
+    if phase == Phase.FINISHED.value:
+        # The final checkpoint is committed; interpreter, process-group and DataLoader teardown
+        # may take seconds on a loaded box. Give it the time a stopping process gets, never more
+        # than that: a process that never exits must still not hold the job forever.
+        return max(config.heartbeat_timeout, config.grace_period)
     return config.heartbeat_timeout
 
 
