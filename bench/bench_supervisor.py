@@ -2,7 +2,7 @@
 
 - kill -9 -> first training step of the next attempt, resilient-run ÷ torchrun --max-restarts
   (same script, same shim, --backoff 0). Target <= 1.0.
-- warm restart (single-process job, issue 14): the same figure with attempt 1 training ~3 s before
+- warm restart (single-process job, issue 14): the same figure with attempt 1 training ~6 s before
   its kill -9 (time for the warm interpreter to import torch), ours ÷ torchrun on the same script
   and warm-up, with our cold path (--no-prestart) beside it. Target <= 0.5.
 - a hang ends its attempt within heartbeat-timeout + 2 s (stack dump) + grace + 1 s.
@@ -120,9 +120,9 @@ def main() -> None:
         o, t = statistics.median(ours), statistics.median(theirs)
         warm, cold, tr = [], [], []
         for i in range(3):
-            warm.append(restart_latency("resilient-run", root / f"warm-{i}", warmup=3.0))
-            cold.append(restart_latency("resilient-run", root / f"cold-{i}", "--no-prestart", warmup=3.0))
-            tr.append(restart_latency("torchrun", root / f"torchrun-warm-{i}", warmup=3.0))
+            warm.append(restart_latency("resilient-run", root / f"warm-{i}", warmup=6.0))
+            cold.append(restart_latency("resilient-run", root / f"cold-{i}", "--no-prestart", warmup=6.0))
+            tr.append(restart_latency("torchrun", root / f"torchrun-warm-{i}", warmup=6.0))
         w_, c_, t_ = statistics.median(warm), statistics.median(cold), statistics.median(tr)
         took, bound = hang_bound(root / "hang")
         rss, cpu, bare_rss = idle_cost(root / "idle")
