@@ -529,8 +529,10 @@ class Supervisor:
         n = self._next_log_number()
         if warm:  # an interpreter still importing torch would make the restart slower than a cold one
             argv = (*argv[:3], f"--ready={self._warm_ready_file(n)}", *argv[3:])
+        log_path = self.rd.standby_log(n)
+        log_path.unlink(missing_ok=True)  # an idle standby's log left by a killed supervisor: never an attempt's
         try:  # the attempt's own variables come over the pipe when it is needed
-            child = procs.spawn(argv, env=self._base_env(), cwd=self.config.working_dir, log_path=self.rd.attempt_log(n),
+            child = procs.spawn(argv, env=self._base_env(), cwd=self.config.working_dir, log_path=log_path,
                                 stdin_pipe=True)
         except OSError as e:
             say(f"cannot prestart the next attempt's launcher ({e.strerror or e}); restarts start it cold")
@@ -578,6 +580,11 @@ class Supervisor:
         self._standby = None
         if sb.warm:
             self._warm_ready_file(sb.number).unlink(missing_ok=True)
+        try:  # from now on it is attempt N: its log takes the attempt's name (the open fd follows the rename)
+            os.replace(sb.child.log_path, self.rd.attempt_log(sb.number))
+            sb.child.log_path = self.rd.attempt_log(sb.number)
+        except OSError:
+            pass
         return sb
 
     def _discard_standby(self) -> None:

@@ -153,6 +153,11 @@ class RunDir:
     def attempt_log(self, attempt: int) -> Path:
         return self.logs / f"attempt-{attempt:04d}.log"
 
+    def standby_log(self, attempt: int) -> Path:
+        """A prestarted launcher's log until it becomes attempt N (renamed to attempt_log(N)): an idle
+        standby left by a killed supervisor must not take an attempt number."""
+        return self.logs / f"standby-{attempt:04d}.log"
+
     def error_file(self, attempt: int, rank: int = 0) -> Path:
         """Rank 0 (and a single process) writes attempt-N.json; rank R > 0 attempt-N-rank-R.json."""
         return self.errors / (f"attempt-{attempt}.json" if rank == 0 else f"attempt-{attempt}-rank-{rank}.json")
