@@ -7,10 +7,11 @@ import enum
 import signal
 from typing import Optional
 
-from trainer_shim.rundir import DIVERGED_ERROR_TYPE, EXIT_DIVERGED, KIND_DIVERGED
-from trainer_shim.rundir import EXIT_PREEMPTED
+from trainer_shim.rundir import DIVERGED_ERROR_TYPE, EXIT_DIVERGED, EXIT_PREEMPTED, KIND_DIVERGED, ErrorRecord
 
-__all__ = ["Kind", "AttemptFacts", "classify"]
+from .launch import ProcessFailure
+
+__all__ = ["Kind", "AttemptFacts", "classify", "is_cuda_oom"]
 
 
 class Kind(str, enum.Enum):
@@ -36,9 +37,10 @@ class AttemptFacts:
     killed_for: Optional[str] = None          # "hang" / "startup_timeout" when we killed it
     stale_detail: str = ""                    # why we called it a hang
     oom_evidence: tuple[str, ...] = ()        # cgroup counter rise, kernel log lines
-    error: Optional[dict] = None              # errors/attempt-N.json written by the shim
+    error: Optional[ErrorRecord] = None       # errors/attempt-N[-rank-R].json written by the shim
+    error_rank: Optional[int] = None          # the rank that wrote `error`
     stop_requested: bool = False
-    rank_failures: tuple[str, ...] = ()       # torchrun's summary: "rank 1 (pid 12) killed by SIGKILL"
+    rank_failures: tuple[ProcessFailure, ...] = ()   # torchrun's summary, root cause first
     ranks_stopped: Optional[str] = None       # multi-rank: every rank's last beat is `stopping` (detail)
     rendezvous_error: Optional[str] = None    # torchrun's last line: "RendezvousClosedError"
 
@@ -58,12 +60,16 @@ def _signame(num: int) -> str:
         return f"signal {num}"
 
 
-def _is_cuda_oom(error: Optional[dict]) -> bool:
-    if not error:
+def is_cuda_oom(error: Optional[ErrorRecord]) -> bool:
+    """The one test for a CUDA out-of-memory error record (torch.OutOfMemoryError or its message)."""
+    if error is None:
         return False
-    typ = str(error.get("type", ""))
-    msg = str(error.get("message", ""))
-    return typ.endswith("OutOfMemoryError") or "CUDA out of memory" in msg or "CUDA error: out of memory" in msg
+    return (error.type.endswith("OutOfMemoryError") or "CUDA out of memory" in error.message
+            or "CUDA error: out of memory" in error.message)
+
+
+def _error_text(error: ErrorRecord) -> str:
+    return f"{error.type}: {error.message[:200]}"
 
 
 def classify(f: AttemptFacts) -> tuple[Kind, str]:
@@ -79,10 +85,10 @@ def classify(f: AttemptFacts) -> tuple[Kind, str]:
     if f.ranks_stopped and f.returncode is not None and f.returncode > 0:
         # torchrun, itself SIGTERMed, exits 1 even when every rank saved and exited 75.
         return Kind.PREEMPTED, f"exit code {f.exit_code} from torchrun; {f.ranks_stopped}"
-    if f.returncode == EXIT_DIVERGED or (f.error and f.error.get("type") == DIVERGED_ERROR_TYPE):
-        return Kind.DIVERGED, f"exit code {f.exit_code}; " + str((f.error or {}).get("message", "non-finite loss"))[:200]
-    if _is_cuda_oom(f.error):
-        return Kind.CUDA_OOM, f"{f.error.get('type')}: {str(f.error.get('message', ''))[:200]}"  # type: ignore[union-attr]
+    if f.returncode == EXIT_DIVERGED or (f.error is not None and f.error.type == DIVERGED_ERROR_TYPE):
+        return Kind.DIVERGED, f"exit code {f.exit_code}; " + (f.error.message[:200] if f.error else "non-finite loss")
+    if f.error is not None and is_cuda_oom(f.error):
+        return Kind.CUDA_OOM, _error_text(f.error)
     if f.oom_evidence:
         how = f"killed by {_signame(f.signal)}" if f.signal else f"exit code {f.exit_code}"
         return Kind.OOM, f"{how}; " + "; ".join(f.oom_evidence)
@@ -92,13 +98,13 @@ def classify(f: AttemptFacts) -> tuple[Kind, str]:
         why = (" (another node's previous attempt had not ended yet)" if f.rendezvous_error.startswith("RendezvousClosedError")
                else "")
         return Kind.RENDEZVOUS, f"exit code {f.exit_code}; torchrun could not join its peers: {f.rendezvous_error}{why}"
-    ranks = f"; {', '.join(f.rank_failures)}" if f.rank_failures else ""
-    if f.rank_failures and " killed by " in f.rank_failures[0]:
+    ranks = f"; {', '.join(pf.describe() for pf in f.rank_failures)}" if f.rank_failures else ""
+    if f.rank_failures and f.rank_failures[0].signal is not None:
         # torchrun exits 1 when a rank died of a signal: the rank's death is what happened.
         return Kind.SIGNAL, f"exit code {f.exit_code}{ranks}; no OOM evidence in cgroup or kernel log"
-    if f.error:
-        who = f"rank {f.error['rank']} " if isinstance(f.error.get("rank"), int) and f.rank_failures else ""
-        if isinstance(f.error.get("rank"), int) and f.error["rank"] != 0:
-            who = f"rank {f.error['rank']} "
-        return Kind.CRASH, f"exit code {f.exit_code}{ranks}; {who}{f.error.get('type')}: {str(f.error.get('message', ''))[:200]}"
+    if f.error is not None:
+        # Name the rank when it is not obvious: a multi-rank failure, or any rank but 0.
+        named = f.error_rank is not None and (bool(f.rank_failures) or f.error_rank != 0)
+        who = f"rank {f.error_rank} " if named else ""
+        return Kind.CRASH, f"exit code {f.exit_code}{ranks}; {who}{_error_text(f.error)}"
     return Kind.CRASH, f"exit code {f.exit_code}{ranks}"

@@ -11,12 +11,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import signal as signal_mod
 import sys
 from typing import Optional, Sequence
 
 from .errors import ConfigError
 
-__all__ = ["torchrun_command", "parse_torchrun_failure", "parse_rendezvous_failure", "TorchrunOptions", "torchrun_options", "standby_command", "is_python_script"]
+__all__ = ["torchrun_command", "ProcessFailure", "parse_torchrun_failure", "parse_rendezvous_failure", "TorchrunOptions", "torchrun_options", "standby_command", "is_python_script"]
 
 _TORCHRUN_MODULE = "torch.distributed.run"
 STANDBY_MODULE = "trainer_shim.standby"
@@ -143,36 +144,48 @@ def parse_rendezvous_failure(lines: Sequence[str]) -> Optional[str]:
     return None
 
 
-def parse_torchrun_failure(lines: Sequence[str]) -> list[str]:
-    """One phrase per failed rank in torchrun's summary: 'rank 1 (pid 123) killed by SIGKILL'."""
-    import signal
+@dataclasses.dataclass(frozen=True)
+class ProcessFailure:
+    """One failed rank of torchrun's failure summary: its exit code or the signal that killed it."""
 
-    out: list[str] = []
-    root: list[str] = []  # torchrun's "Root Cause (first observed failure)" goes first
+    rank: Optional[int]
+    pid: Optional[int]
+    exitcode: Optional[int] = None   # set when the rank exited
+    signal: Optional[int] = None     # set when a signal killed it
+
+    def describe(self) -> str:
+        """For humans (evidence lines); code reads the fields, never this phrase."""
+        if self.signal is not None:
+            try:
+                how = f"killed by {signal_mod.Signals(self.signal).name}"
+            except ValueError:
+                how = f"killed by signal {self.signal}"
+        else:
+            how = f"exit code {self.exitcode}"
+        return f"rank {'?' if self.rank is None else self.rank} (pid {'?' if self.pid is None else self.pid}) {how}"
+
+
+def parse_torchrun_failure(lines: Sequence[str]) -> list[ProcessFailure]:
+    """The failed ranks of torchrun's summary, its "Root Cause (first observed failure)" first."""
+    out: list[ProcessFailure] = []
+    root: list[ProcessFailure] = []
     in_root = False
-    rank: Optional[str] = None
+    rank: Optional[int] = None
     for ln in lines:
         if ln.startswith("Root Cause"):
             in_root = True
             continue
         m = _RANK_RE.match(ln)
         if m:
-            rank = m.group(1)
+            rank = int(m.group(1))
             continue
         m = _EXIT_RE.match(ln)
         if m:
-            code, pid = int(m.group(1)), m.group(2)
-            if code < 0:
-                try:
-                    how = f"killed by {signal.Signals(-code).name}"
-                except ValueError:
-                    how = f"killed by signal {-code}"
-            else:
-                how = f"exit code {code}"
-            phrase = f"rank {rank if rank is not None else '?'} (pid {pid}) {how}"
-            (root if in_root else out).append(phrase)
-    seen: list[str] = []
-    for p in root + out:
-        if p not in seen:
-            seen.append(p)
+            code, pid = int(m.group(1)), int(m.group(2))
+            pf = ProcessFailure(rank, pid, signal=-code) if code < 0 else ProcessFailure(rank, pid, exitcode=code)
+            (root if in_root else out).append(pf)
+    seen: list[ProcessFailure] = []
+    for pf in root + out:
+        if pf not in seen:
+            seen.append(pf)
     return seen

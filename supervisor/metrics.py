@@ -6,18 +6,22 @@ import dataclasses
 import math
 import os
 import re
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Optional, Union
 
-from trainer_shim.rundir import RunDir, atomic_write_bytes
+from trainer_shim.rundir import MANIFEST_NAME, RunDir, atomic_write_bytes, checkpoint_roots, newest_valid
+
+from .classify import Kind
+from .heartbeat import HeartbeatMonitor
 
 __all__ = ["MetricsSnapshot", "FAILURE_KINDS", "METRICS", "render", "write_textfile",
-           "textfile_name", "disk_free_bytes"]
+           "textfile_name", "disk_free_bytes", "collect"]
 
 # Always exported, at 0 until they happen: a counter series that appears only at its first
 # increment makes increase()/rate() miss that increment, so crash-loop alerts would fire late.
-FAILURE_KINDS = ("crash", "oom", "cuda_oom", "hang", "startup_timeout", "signal", "preempted", "rendezvous")
+FAILURE_KINDS = tuple(k.value for k in Kind if k is not Kind.SUCCESS)
 
 # name -> (type, help); the single list that render() emits and that the alert tests check.
 METRICS: dict[str, tuple[str, str]] = {
@@ -151,3 +155,26 @@ def disk_free_bytes(path: Union[str, os.PathLike]) -> Optional[int]:
     except OSError:
         return None
     return st.f_bavail * st.f_frsize
+
+
+def collect(rd: RunDir, monitor: Optional[HeartbeatMonitor], *, attempts_total: int,
+            failures: Mapping[str, int], poisoned: set[str], costs: Mapping[str, object]) -> MetricsSnapshot:
+    """The run's metrics now; `monitor` is the running attempt's (None between attempts)."""
+    hb = monitor.first if monitor else None
+    hb_age = None
+    if monitor is not None and monitor.tracks:
+        hb_age = round(time.monotonic() - min(t.changed_at for t in monitor.tracks.values()), 3)
+    latest = newest_valid(checkpoint_roots(rd), exclude=poisoned)
+    ckpt_age = None
+    if latest is not None:
+        try:
+            ckpt_age = max(0.0, time.time() - (latest.path / MANIFEST_NAME).stat().st_mtime)
+        except OSError:
+            pass
+    return MetricsSnapshot(
+        run=rd.root.resolve().name, up=monitor is not None, attempts_total=attempts_total,
+        failures_by_kind=dict(failures), heartbeat_age_s=hb_age,
+        global_step=hb.get("step") if hb else None, last_checkpoint_step=latest.step if latest else None,
+        last_checkpoint_age_s=ckpt_age, disk_free_bytes=disk_free_bytes(rd.root), **costs,  # type: ignore[arg-type]
+        save_interval_s=hb.get("save_interval_s") if hb else None,
+    )

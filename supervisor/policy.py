@@ -7,6 +7,7 @@ import enum
 from typing import Optional
 
 from .classify import Kind
+from .config import Config
 
 __all__ = ["Action", "Decision", "RestartPolicy"]
 
@@ -45,6 +46,12 @@ class RestartPolicy:
     failures_since_progress: int = 0
     rendezvous_since: Optional[float] = None  # when the current run of rendezvous failures began
     rendezvous_failures: int = 0
+
+    @classmethod
+    def for_config(cls, config: "Config", rendezvous_window: float) -> "RestartPolicy":
+        return cls(max_restarts=config.max_restarts, backoff=config.backoff, backoff_max=config.backoff_max,
+                   no_restart_exit_codes=config.no_restart_exit_codes,
+                   crash_loop_attempts=config.crash_loop_attempts, rendezvous_window=rendezvous_window)
 
     def decide(
         self, kind: Kind, exit_code: Optional[int], *, progressed: bool, resumed_from: Optional[str],

@@ -7,16 +7,22 @@ return. Kept apart from policy.RestartPolicy, which stays the generic backoff/cr
 from __future__ import annotations
 
 import dataclasses
+import os
+import time
 from pathlib import Path
 from typing import Mapping, Optional
 
-from trainer_shim.rundir import DIVERGED_REASON, ENV_STRICT_RESUME, RESUME_REFUSED_ERROR_TYPE
-from trainer_shim.rundir import MANIFEST_NAME
+from trainer_shim.rundir import (
+    DIVERGED_REASON, ENV_STRICT_RESUME, MANIFEST_NAME, RESUME_REFUSED_ERROR_TYPE, RunDir, checkpoint_roots,
+    iter_checkpoint_dirs, parse_checkpoint_name,
+)
 
+from .attempts import AttemptResult
 from .classify import Kind
 from .config import Config
 from .divergence import DivergenceTracker
 from .failure_policy import KindRule, apply_rule
+from .notify import child_environ
 
 __all__ = ["Judgement", "SmartRestarts"]
 
@@ -60,6 +66,19 @@ class SmartRestarts:
                 f"restarts after {kind.value} exhausted ({rule.max_restarts} of policy.{kind.value}.max_restarts)"))
         return j
 
+    def judge_attempt(self, result: AttemptResult, rd: RunDir, failures_of_kind: int) -> Judgement:
+        """`judge` for a failed attempt, with the facts gathered from its result and the run dir."""
+        err = result.error.record if result.error else None
+        resumed_step = parse_checkpoint_name(Path(result.resumed_from).name) if result.resumed_from else None
+        newer: tuple[str, ...] = ()
+        if result.kind is Kind.DIVERGED:  # what the diverged attempt itself committed after its resume point
+            newer = newer_checkpoints(iter_checkpoint_dirs(checkpoint_roots(rd)), resumed_step,
+                                      since=time.time() - result.duration_s - 1.0)
+        return self.judge(result.kind, failures_of_kind=failures_of_kind,
+                          diverged_step=err.step if err is not None and err.step is not None else result.step,
+                          resumed_from=result.resumed_from, resumed_step=resumed_step, newer=newer,
+                          error_type=err.type if err is not None else None)
+
     def apply(self, kind: Kind) -> Optional[dict]:
         """Change the next attempts' argv/env per the kind's rule; the `policy_applied` fields, or None."""
         rule = self.rules.get(kind.value)
@@ -70,6 +89,14 @@ class SmartRestarts:
 
     def attempt_env(self, env: Mapping[str, str]) -> dict[str, str]:
         return {**env, **self.env}
+
+    def base_env(self) -> dict[str, str]:
+        """Every attempt's environment before the run-dir contract's variables: ours (minus the
+        supervisor's own service variables), the config's `env`, and the policy actions' changes."""
+        env = child_environ(os.environ)
+        env.update(self.attempt_env(self.config.env_dict))
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        return env
 
 
 def newer_checkpoints(found: list[tuple[int, Path, Path]], above: Optional[int], since: float) -> tuple[str, ...]:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from trainer_shim.rundir import (
-    ContractError, InvalidCheckpoint, RunDir, checkpoint_roots, inspect_checkpoint, iter_checkpoint_dirs,
+    ContractError, InvalidCheckpoint, RunDir, RunState, checkpoint_roots, inspect_checkpoint, iter_checkpoint_dirs,
     newest_valid, read_events, read_heartbeat, read_index, read_json,
 )
 
@@ -24,7 +24,7 @@ from .progress import Progress, progress_of
 __all__ = ["StatusReport", "read_status", "CheckpointRow", "list_checkpoints", "open_run_dir", "lock_holder",
            "supervised_parts"]
 
-FINAL_STATES = ("succeeded", "failed", "stopped")
+FINAL_STATES = tuple(s.value for s in RunState if s.final)
 
 
 def open_run_dir(path: str | Path) -> RunDir:
@@ -94,7 +94,7 @@ class StatusReport:
 
     @property
     def healthy(self) -> bool:
-        return self.state == "succeeded" or (self.state == "running" and self.heartbeat_fresh)
+        return self.state == RunState.SUCCEEDED or (self.state == RunState.RUNNING and self.heartbeat_fresh)
 
     def to_json(self) -> dict:
         keys = ("state", "supervisor_pid", "child_pid", "attempt", "restarts", "heartbeat_age_s", "step",

@@ -16,7 +16,7 @@ import pytest
 
 from supervisor.config import build_config
 from supervisor.errors import ConfigError
-from supervisor.launch import parse_torchrun_failure, torchrun_command
+from supervisor.launch import ProcessFailure, parse_torchrun_failure, torchrun_command
 from tests.distributed.common import DDP_JOB, FAST, assert_same_weights, recovered_run
 from tests.supervisor.helpers import alive, ended_kinds, events, heartbeat, kill_group, run_cli, start_cli, wait_until
 from trainer_shim import rundir
@@ -43,7 +43,9 @@ def test_torchrun_failure_summary_root_cause_first():
     tail = ["Failures:", "[1]:", "  rank      : 0 (local_rank: 0)", "  exitcode  : -15 (pid: 11)  (SIGTERM)",
             "Root Cause (first observed failure):", "[0]:", "  rank      : 1 (local_rank: 1)",
             "  exitcode  : -9 (pid: 12)  (SIGKILL)"]
-    assert parse_torchrun_failure(tail) == ["rank 1 (pid 12) killed by SIGKILL", "rank 0 (pid 11) killed by SIGTERM"]
+    failures = parse_torchrun_failure(tail)
+    assert failures == [ProcessFailure(rank=1, pid=12, signal=9), ProcessFailure(rank=0, pid=11, signal=15)]
+    assert [f.describe() for f in failures] == ["rank 1 (pid 12) killed by SIGKILL", "rank 0 (pid 11) killed by SIGTERM"]
 
 
 # --- real 2-rank runs ------------------------------------------------------------------------------

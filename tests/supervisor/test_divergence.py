@@ -10,7 +10,7 @@ import torch
 from supervisor.classify import AttemptFacts, Kind, classify
 from supervisor.divergence import DivergenceTracker
 from tests.conftest import JOBS, PYTHON
-from trainer_shim.rundir import EXIT_DIVERGED
+from trainer_shim.rundir import EXIT_DIVERGED, ErrorRecord
 
 from .helpers import ended_kinds, events, run_cli, sup_env
 
@@ -71,7 +71,7 @@ def test_classify_exit_65_as_diverged():
     kind, evidence = classify(AttemptFacts(returncode=EXIT_DIVERGED))
     assert kind is Kind.DIVERGED and "65" in evidence
     # Under torchrun the launcher exits 1; the rank's error record says what happened.
-    kind, _ = classify(AttemptFacts(returncode=1, error={"type": "trainer_shim.Diverged", "message": "nan"}))
+    kind, _ = classify(AttemptFacts(returncode=1, error=ErrorRecord(type="trainer_shim.Diverged", message="nan")))
     assert kind is Kind.DIVERGED
 
 

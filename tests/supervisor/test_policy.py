@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from supervisor.classify import AttemptFacts, Kind, classify
+from supervisor.launch import ProcessFailure
 from supervisor.launch import parse_rendezvous_failure
 from supervisor.policy import Action, RestartPolicy
 
@@ -53,5 +54,5 @@ def test_torchruns_closed_rendezvous_is_recognised_only_when_no_rank_failed():
     kind, evidence = classify(AttemptFacts(returncode=1, rendezvous_error="RendezvousClosedError"))
     assert kind is Kind.RENDEZVOUS and "another node's previous attempt had not ended yet" in evidence
     kind, _ = classify(AttemptFacts(returncode=1, rendezvous_error="RendezvousClosedError",
-                                    rank_failures=("rank 1 (pid 7) exit code 1",)))
+                                    rank_failures=(ProcessFailure(rank=1, pid=7, exitcode=1),)))
     assert kind is Kind.CRASH

@@ -12,8 +12,8 @@ One module per idea:
     env        RESILIENT_* names, exit codes, RunEnv (the product environment, parsed once)
     layout     RunDir (every path), file-name builders and parsers, ensure_run_dir
     atomic     atomic/durable writes, tolerant JSON reads
-    clock      now_iso (timestamps in records)
-    records    Phase, HeartbeatRecord, SupervisorState, ErrorRecord, StandbyMessage
+    clock      now_iso, iso_at (timestamps in records)
+    records    Phase, HeartbeatRecord, RunState, SupervisorState, ErrorRecord, StandbyMessage
     stepmark   StepMark / read_step_mark: the last step a rank really reached
     events     Event (every event name), append/read events, poisoning
     manifest   MANIFEST.json, CheckpointKind, checkpoint validation
@@ -49,7 +49,7 @@ Run-dir layout::
 """
 
 from .atomic import atomic_write_bytes, atomic_write_json, fsync_dir, read_json
-from .clock import now_iso
+from .clock import iso_at, now_iso
 from .env import (
     ENV_ALLOW_RESHARD, ENV_ATTEMPT, ENV_LAST_FAILURE, ENV_NODE, ENV_RESUME_FROM, ENV_RUN_DIR, EXIT_PREEMPTED,
     RESUME_NONE, RunEnv, parse_bool,
@@ -74,7 +74,7 @@ from .manifest import (
     inspect_checkpoint, new_hasher, safe_member,
 )
 from .records import (
-    HEARTBEAT_FIELDS, ErrorRecord, HeartbeatRecord, Phase, StandbyMessage, SupervisorState, read_heartbeat,
+    HEARTBEAT_FIELDS, ErrorRecord, HeartbeatRecord, Phase, RunState, StandbyMessage, SupervisorState, read_heartbeat,
     read_heartbeat_record,
 )
 from .selection import iter_checkpoint_dirs, newest_valid, repoint_latest
@@ -101,10 +101,10 @@ __all__ = [
     "checkpoint_name", "parse_checkpoint_name", "heartbeat_name", "parse_heartbeat_name",
     "step_mark_name", "tmp_dirs", "inside",
     # files
-    "fsync_dir", "atomic_write_bytes", "atomic_write_json", "read_json", "now_iso",
+    "fsync_dir", "atomic_write_bytes", "atomic_write_json", "read_json", "now_iso", "iso_at",
     # records
     "Phase", "HEARTBEAT_FIELDS", "HeartbeatRecord", "read_heartbeat", "read_heartbeat_record",
-    "SupervisorState", "ErrorRecord", "StandbyMessage", "StepMark", "read_step_mark", "reached_step",
+    "RunState", "SupervisorState", "ErrorRecord", "StandbyMessage", "StepMark", "read_step_mark", "reached_step",
     "STEP_MARK_SIZE",
     # events
     "Event", "POISONED", "append_event", "read_events", "next_attempt_number", "is_poisoning",

@@ -17,7 +17,7 @@ from .errors import ContractError
 
 __all__ = [
     "Phase", "HEARTBEAT_FIELDS", "HeartbeatRecord", "read_heartbeat", "read_heartbeat_record",
-    "SupervisorState", "ErrorRecord", "StandbyMessage",
+    "RunState", "SupervisorState", "ErrorRecord", "StandbyMessage",
 ]
 
 
@@ -89,6 +89,26 @@ def read_heartbeat(path: Path) -> Optional[dict]:
 def read_heartbeat_record(path: Path) -> Optional[HeartbeatRecord]:
     """The heartbeat as a typed record, or None when absent, torn or not a heartbeat."""
     return HeartbeatRecord.from_json(read_heartbeat(path))
+
+
+class RunState(str, enum.Enum):
+    """supervisor.json's `state`.
+
+    STARTING -> RUNNING (an attempt's child is up) -> RESTARTING (it ended; backoff) -> RUNNING ...
+    and from any of them to a final state: SUCCEEDED (exit 0), FAILED (gave up, exit 1) or
+    STOPPED (stop requested and the child saved, exit 75).
+    """
+
+    STARTING = "starting"
+    RUNNING = "running"
+    RESTARTING = "restarting"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+    @property
+    def final(self) -> bool:
+        return self in (RunState.SUCCEEDED, RunState.FAILED, RunState.STOPPED)
 
 
 @dataclasses.dataclass(frozen=True)
