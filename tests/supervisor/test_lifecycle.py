@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import os
 import signal
 import time
@@ -32,6 +33,21 @@ def test_each_death_is_classified_and_a_crash_loop_gives_up(run_dir):
     assert supervisor_state(run_dir)["state"] == "failed"
 
 
+def _ts(iso: str) -> float:
+    return datetime.datetime.fromisoformat(iso).timestamp()
+
+
+def test_the_event_step_is_the_last_step_reached_not_the_last_heartbeats(run_dir):
+    # Beats on steps 1 and 5 only; the job is SIGKILLed right after step 8.
+    env = sup_env(FAKE_PLAN="1:kill", FAKE_STEPS="8", FAKE_BEAT_EVERY="5", FAKE_STEP_S="0")
+    r = run_cli("--run-dir", str(run_dir), "--backoff", "0", FAKE_JOB, env=env)
+    assert r.returncode == 0, r.stderr
+    killed, done = events(run_dir, "attempt_ended")
+    assert (killed["kind"], killed["step"]) == ("signal", 8)
+    assert killed["failure_time"] == killed["detected_time"] and _ts(killed["detected_time"]) <= _ts(killed["time"])
+    assert (done["kind"], done["step"], done["failure_time"]) == ("success", 8, None)
+
+
 def test_hang_and_startup_timeout_are_killed_and_restarted(run_dir):
     env = sup_env(FAKE_PLAN="1:hang,2:silent", FAKE_STEPS="3", FAKE_STEP_S="0.05")
     t0 = time.monotonic()
@@ -43,6 +59,10 @@ def test_hang_and_startup_timeout_are_killed_and_restarted(run_dir):
     assert "heartbeat unchanged" in hang["evidence"]
     # The fake job ignores SIGTERM, so the hang path needed SIGKILL after the grace period.
     assert hang["signal"] == signal.SIGKILL
+    # Recovery's first parts: detect = heartbeat-timeout after the last beat; stop = stack dump + grace.
+    failed, detected, ended = (_ts(hang[k]) for k in ("failure_time", "detected_time", "time"))
+    assert 1.5 <= detected - failed < 1.5 + 3, hang
+    assert 2 + 1 <= ended - detected < 2 + 1 + 3, hang
     # Bound: heartbeat-timeout + 2 s stack-dump wait + grace + 1 s per hang, plus start-up.
     assert time.monotonic() - t0 < (1.5 + 2 + 1 + 1) + (2.5 + 1 + 1) + 10
     for pid in attempt_pids(run_dir):
