@@ -20,9 +20,27 @@ JOB = REPO / "tests" / "jobs" / "toy_train.py"
 RUNS = REPO / "runs"
 sys.path.insert(0, str(REPO))
 
-from trainer_shim.rundir import RunDir, read_events  # noqa: E402
+from trainer_shim.rundir import EVENT_FIRST_STEP, Event, RunDir, read_events  # noqa: E402
 
 console = Console()
+
+
+def _name(path: "str | None") -> str:
+    return Path(path).name if path else "scratch"
+
+
+def _detail(ev: dict) -> str:
+    """One readable line per event of the timeline."""
+    name = ev["event"]
+    if name == Event.ATTEMPT_STARTED:
+        return f"pid {ev['pid']}, resume from {_name(ev.get('resume_from'))}"
+    if name == Event.ATTEMPT_ENDED:
+        return f"[bold]{ev['kind']}[/bold], last step reached {ev.get('step')}: {ev.get('evidence', '')[:60]}"
+    if name == Event.RESTARTING:
+        return f"in {ev['delay_s']}s from {_name(ev.get('resume_from'))}"
+    if name == EVENT_FIRST_STEP:
+        return f"the attempt's first training step: step {ev.get('step')}"
+    return ", ".join(f"{k}={v}" for k, v in ev.items() if k not in ("time", "event", "attempt"))[:80]
 
 
 def main() -> int:
@@ -52,16 +70,7 @@ def main() -> int:
         table.add_column(col)
     for ev in events:
         t = (dt.datetime.fromisoformat(ev["time"]) - t0).total_seconds() if t0 else 0.0
-        name = ev["event"]
-        if name == "attempt_started":
-            detail = f"pid {ev['pid']}, resume from {Path(ev['resume_from']).name if ev.get('resume_from') else 'scratch'}"
-        elif name == "attempt_ended":
-            detail = f"[bold]{ev['kind']}[/bold] at step {ev.get('step')}: {ev.get('evidence', '')[:70]}"
-        elif name == "restarting":
-            detail = f"in {ev['delay_s']}s from {Path(ev['resume_from']).name if ev.get('resume_from') else 'scratch'}"
-        else:
-            detail = ", ".join(f"{k}={v}" for k, v in ev.items() if k not in ("time", "event", "attempt"))[:80]
-        table.add_row(f"{t:6.2f}s", str(ev.get("attempt") or ""), name, detail)
+        table.add_row(f"{t:6.2f}s", str(ev.get("attempt") or ""), ev["event"], _detail(ev))
     console.print(table)
 
     ref = torch.load(ref_dir / "w.pt")
@@ -73,7 +82,8 @@ def main() -> int:
     if exact:
         console.print(f"[bold green]final weights are bitwise equal to the uninterrupted run[/] ({len(ref)} tensors, torch.equal)")
         rel = run_dir.relative_to(REPO)
-        console.print(f"inspect it yourself: .venv/bin/resilient-run status {rel}; .venv/bin/resilient-run checkpoints {rel} --verify")
+        console.print(f"inspect it yourself: .venv/bin/resilient-run status {rel}; "
+                      f".venv/bin/resilient-run checkpoints {rel} --verify; .venv/bin/resilient-run report {rel}")
         return 0
     console.print("[bold red]final weights differ from the uninterrupted run[/]")
     return 1
