@@ -254,6 +254,8 @@ class Supervisor:
         self.history.attempts_total += 1
         monitor = HeartbeatMonitor(self.rd, n, self.config, time.monotonic(), self.learner)
         self.attempt = Attempt.begin(n, child, chosen, monitor, kernel_log, oom_base)
+        child.note(f"attempt {n} started at {now_iso()} (pid {child.pid}"
+                   + (", prestarted" if sb else "") + f"), resuming from {chosen or 'scratch'}")
         self.state = State.RUNNING
         self._emit(Event.ATTEMPT_STARTED, pid=child.pid, resume_from=chosen, command=list(self.smart.command),
                    prestarted=sb is not None, warm=sb is not None and sb.warm)
@@ -275,11 +277,12 @@ class Supervisor:
         assert a is not None
         # Whatever the main process left behind (workers, ranks) goes now: no survivor of the old tree.
         a.kill(min(CHILD_EXIT_GRACE, self.config.grace_period), self._tick)
-        a.child.close()
+        a.child.drain()
         self.choice.persist_snapshot()  # before the next choice: a snapshot newer than the disk is not lost
         a.monitor.observe(time.monotonic())
         result = assess(self.rd, a, rc, cgroup=self._cgroup, stop_requested=self.stop_requested,
                         poisoned=self.history.poisoned)
+        a.child.close(footer=f"attempt {a.number} ended: {result.kind.value} ({result.evidence})")
         a.kernel_log.close()
         self.attempt = None
         if result.kind is not Kind.SUCCESS:
@@ -376,7 +379,7 @@ class Supervisor:
         if self.attempt is not None:
             # We are leaving (error or forced exit): no trainer may outlive its supervisor.
             self.attempt.kill(min(self.config.grace_period, CHILD_EXIT_GRACE), self._tick)
-            self.attempt.child.close()
+            self.attempt.child.close(footer=f"attempt {self.attempt.number} killed: the supervisor is exiting")
             self.attempt.kernel_log.close()
             self.attempt = None
             if self.exit_code is None:

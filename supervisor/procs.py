@@ -17,6 +17,8 @@ from typing import BinaryIO, Optional
 
 import psutil
 
+from .messages import PREFIX
+
 __all__ = ["Child", "ProcessIdentity", "spawn", "identity_of", "matches", "kill_tree", "signal_pid", "tree"]
 
 _PR_SET_PDEATHSIG = 1
@@ -128,6 +130,7 @@ class Child:
     log_path: Path
     tees: list[threading.Thread]
     log_file: Optional[BinaryIO]
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)   # the tees' lock on the log
 
     @property
     def pid(self) -> int:
@@ -136,14 +139,32 @@ class Child:
     def poll(self) -> Optional[int]:
         return self.popen.poll()
 
-    def close(self, timeout: float = 5.0) -> None:
-        """Wait for the tees to drain (the pipes close when the whole tree is gone) and close the log."""
+    def note(self, text: str) -> None:
+        """A line of the supervisor's own in the attempt log (not on the terminal: `say` covers that).
+        Every log so starts with what the attempt was and ends with how it ended: never empty."""
+        if self.log_file is None:
+            return
+        with self.lock:
+            try:
+                self.log_file.write(f"{PREFIX}{text}\n".encode())
+                self.log_file.flush()
+            except (OSError, ValueError):
+                pass
+
+    def drain(self, timeout: float = 5.0) -> None:
+        """Wait for the tees to copy everything (the pipes close when the whole tree is gone)."""
         for t in self.tees:
             t.join(timeout)
+
+    def close(self, timeout: float = 5.0, footer: Optional[str] = None) -> None:
+        """Drain the tees, add `footer` to the log, and close it."""
+        self.drain(timeout)
+        if footer:
+            self.note(footer)
         if self.log_file is not None:
             try:
                 self.log_file.close()
-            except OSError:
+            except (OSError, ValueError):
                 pass
 
 
@@ -233,7 +254,7 @@ def spawn(
     ]
     for t in tees:
         t.start()
-    return Child(popen, ident, log_path, tees, log_file)
+    return Child(popen, ident, log_path, tees, log_file, lock)
 
 
 def kill_tree(

@@ -28,7 +28,11 @@ def test_each_death_is_classified_and_a_crash_loop_gives_up(run_dir):
     # One log per attempt, the child's output in it, and the supervisor's lines prefixed.
     assert sorted(p.name for p in (run_dir / "logs").glob("attempt-*.log")) == [
         "attempt-0001.log", "attempt-0002.log", "attempt-0003.log"]
-    assert "attempt 2 action kill" in (run_dir / "logs" / "attempt-0002.log").read_text()
+    log = (run_dir / "logs" / "attempt-0002.log").read_text().splitlines()
+    assert "fake_job: attempt 2 action kill" in log
+    # Each log says what the attempt was and how it ended (never an empty file).
+    assert log[0].startswith("resilient-run: attempt 2 started at ") and log[0].endswith("resuming from scratch")
+    assert log[-1] == "resilient-run: attempt 2 ended: signal (killed by SIGKILL; no OOM evidence in cgroup or kernel log)"
     assert "resilient-run: giving up: crash loop" in r.stderr
     assert supervisor_state(run_dir)["state"] == "failed"
 
