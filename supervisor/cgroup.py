@@ -146,12 +146,6 @@ class MemoryCgroup:
     def counter_name(self) -> str:
         return "memory.events oom_kill" if self.version == 2 else "memory.oom_control oom_kill"
 
-    def pids(self) -> list[int]:
-        try:
-            return [int(x) for x in Path(self.procs_file).read_text().split()]
-        except OSError:
-            return []
-
     def remove(self, timeout: float = 5.0) -> None:
         """rmdir once empty (the kernel refuses while a process remains); best effort."""
         deadline = time.monotonic() + timeout
@@ -183,10 +177,6 @@ class KernelLog:
             os.lseek(self._fd, 0, os.SEEK_END)
         except OSError:
             self._fd = None
-
-    @property
-    def available(self) -> bool:
-        return self._fd is not None
 
     def oom_kills(self, pids: Iterable[int]) -> list[str]:
         """New kernel log lines saying the OOM killer killed one of `pids`."""

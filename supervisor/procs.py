@@ -35,9 +35,6 @@ class ProcessIdentity:
     pid: int
     create_time: float
 
-    def to_json(self) -> dict:
-        return {"pid": self.pid, "create_time": self.create_time}
-
 
 def identity_of(pid: int) -> Optional[ProcessIdentity]:
     try:

@@ -107,7 +107,6 @@ class Run:
         self.git_commit, self.git_dirty = git_info(script.parent if script else None)
         self.args_hash, self.strict_resume = provenance.args_hash(), bool(strict_resume) or provenance.strict_from_env()
         self._provenance = {"git_commit": self.git_commit, "git_dirty": self.git_dirty, "args_hash": self.args_hash}
-        self.last_failure: Optional[str] = os.environ.get(rundir.ENV_LAST_FAILURE) or None
         self._fast = async_save_mod.make(self, async_save, memory_every_steps)
         self._resume()
 
