@@ -13,7 +13,7 @@ import re
 import shlex
 import sys
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import yaml
 
@@ -120,79 +120,110 @@ def _number(key: str, value: Any, *, integer: bool = False, minimum: float = 0.0
     return n
 
 
+def _int_field(key: str, value: Any) -> dict[str, Any]:
+    minimum = 1 if key in ("crash_loop_attempts", "nproc_per_node", "nnodes") else 0
+    return {key: int(_number(key, value, integer=True, minimum=minimum))}
+
+
+def _seconds_field(key: str, value: Any) -> dict[str, Any]:
+    if key == "heartbeat_timeout" and str(value).strip().lower() == "auto":
+        return {"heartbeat_timeout_auto": True}
+    n = float(_number(key, value))
+    if key in ("backoff", "backoff_max", "grace_period"):
+        return {key: n}
+    if n <= 0:
+        raise ConfigError(f"{key}: must be > 0 seconds, got {value!r}")
+    return {key: n}
+
+
+def _bool_field(key: str, value: Any) -> dict[str, Any]:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{key}: expected true or false, got {value!r}")
+    return {key: value}
+
+
+def _policy_field(key: str, value: Any) -> dict[str, Any]:
+    from .failure_policy import parse_policy
+
+    return {key: value if isinstance(value, tuple) else parse_policy(value)}
+
+
+def _preload_field(key: str, value: Any) -> dict[str, Any]:
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not all(isinstance(m, str) for m in items):
+        raise ConfigError(f"preload: expected MODULE,... or a list of module names, got {value!r}")
+    bad = [m for m in items if m.strip() and not all(part.isidentifier() for part in m.strip().split("."))]
+    if bad:
+        raise ConfigError(f"preload: {bad[0]!r} is not a module name")
+    return {key: tuple(m.strip() for m in items if m.strip())}
+
+
+def _command_field(key: str, value: Any) -> dict[str, Any]:
+    if isinstance(value, str):
+        argv = tuple(shlex.split(value))
+    elif isinstance(value, (list, tuple)) and all(isinstance(v, (str, int, float)) for v in value):
+        argv = tuple(str(v) for v in value)
+    else:
+        raise ConfigError(f"command: expected a string or a list of strings, got {value!r}")
+    if not argv:
+        raise ConfigError("command: is empty")
+    return {key: argv}
+
+
+def _args_field(key: str, value: Any) -> dict[str, Any]:
+    if not isinstance(value, (list, tuple)):
+        raise ConfigError(f"args: expected a list of strings, got {value!r}")
+    return {key: tuple(str(v) for v in value)}
+
+
+def _path_field(key: str, value: Any) -> dict[str, Any]:
+    if not isinstance(value, (str, os.PathLike)) or not str(value):
+        raise ConfigError(f"{key}: expected a path string, got {value!r}")
+    return {key: str(value)}
+
+
+def _env_field(key: str, value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ConfigError(f"env: expected a mapping of NAME: value, got {value!r}")
+    return {key: tuple(sorted((str(k), str(v)) for k, v in value.items()))}
+
+
+def _metrics_field(key: str, value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict) or set(value) - {"textfile_dir"}:
+        raise ConfigError("metrics: expected a mapping with the key textfile_dir")
+    return {"metrics_textfile_dir": str(value["textfile_dir"])} if value.get("textfile_dir") is not None else {}
+
+
+# key -> parser(key, raw value) -> Config field values
+_PARSERS: dict[str, Callable[[str, Any], dict[str, Any]]] = {
+    **dict.fromkeys(("max_restarts", "crash_loop_attempts", "nproc_per_node", "nnodes", "node_rank",
+                     "divergence_window"), _int_field),
+    **dict.fromkeys(("backoff", "backoff_max", "grace_period", "heartbeat_timeout", "startup_timeout",
+                     "save_timeout", "heartbeat_timeout_floor"), _seconds_field),
+    **dict.fromkeys(("prestart", "strict_resume", "heartbeat_timeout_auto"), _bool_field),
+    **dict.fromkeys(("script", "run_dir", "working_dir", "metrics_textfile_dir", "rdzv_endpoint"), _path_field),
+    "policy": _policy_field, "preload": _preload_field, "command": _command_field, "args": _args_field,
+    "env": _env_field, "metrics": _metrics_field,
+    "memory_limit": lambda key, value: {key: parse_size(value, key)},
+    "no_restart_exit_codes": lambda key, value: {key: parse_exit_codes(value, key)},
+}
+
+
 def _validate(values: dict[str, Any], source: str) -> dict[str, Any]:
     """Normalise raw values (YAML or CLI) into Config field values; `source` prefixes errors."""
     out: dict[str, Any] = {}
-
-    def err(msg: str) -> ConfigError:
-        return ConfigError(f"{source}{msg}")
-
     for key, value in values.items():
         if value is None:
             continue
         try:
-            if key in ("max_restarts", "crash_loop_attempts", "nproc_per_node", "nnodes", "node_rank", "divergence_window"):
-                out[key] = int(_number(key, value, integer=True, minimum=1 if key in ("crash_loop_attempts", "nproc_per_node", "nnodes") else 0))
-            elif key in ("backoff", "backoff_max", "grace_period"):
-                out[key] = float(_number(key, value))
-            elif key == "heartbeat_timeout" and str(value).strip().lower() == "auto":
-                out["heartbeat_timeout_auto"] = True
-            elif key in ("heartbeat_timeout", "startup_timeout", "save_timeout", "heartbeat_timeout_floor"):
-                n = float(_number(key, value))
-                if n <= 0:
-                    raise ConfigError(f"{key}: must be > 0 seconds, got {value!r}")
-                out[key] = n
-            elif key in ("prestart", "strict_resume", "heartbeat_timeout_auto"):
-                if not isinstance(value, bool):
-                    raise ConfigError(f"{key}: expected true or false, got {value!r}")
-                out[key] = value
-            elif key == "policy":
-                from .failure_policy import parse_policy
-
-                out[key] = value if isinstance(value, tuple) else parse_policy(value)
-            elif key == "preload":
-                items = value.split(",") if isinstance(value, str) else value
-                if not isinstance(items, (list, tuple)) or not all(isinstance(m, str) for m in items):
-                    raise ConfigError(f"preload: expected MODULE,... or a list of module names, got {value!r}")
-                bad = [m for m in items if m.strip() and not all(part.isidentifier() for part in m.strip().split("."))]
-                if bad:
-                    raise ConfigError(f"preload: {bad[0]!r} is not a module name")
-                out[key] = tuple(m.strip() for m in items if m.strip())
-            elif key == "memory_limit":
-                out[key] = parse_size(value, key)
-            elif key == "no_restart_exit_codes":
-                out[key] = parse_exit_codes(value, key)
-            elif key == "command":
-                if isinstance(value, str):
-                    out[key] = tuple(shlex.split(value))
-                elif isinstance(value, (list, tuple)) and all(isinstance(v, (str, int, float)) for v in value):
-                    out[key] = tuple(str(v) for v in value)
-                else:
-                    raise ConfigError(f"command: expected a string or a list of strings, got {value!r}")
-                if not out[key]:
-                    raise ConfigError("command: is empty")
-            elif key == "args":
-                if not isinstance(value, (list, tuple)):
-                    raise ConfigError(f"args: expected a list of strings, got {value!r}")
-                out[key] = tuple(str(v) for v in value)
-            elif key in ("script", "run_dir", "working_dir", "metrics_textfile_dir", "rdzv_endpoint"):
-                if not isinstance(value, (str, os.PathLike)) or not str(value):
-                    raise ConfigError(f"{key}: expected a path string, got {value!r}")
-                out[key] = str(value)
-            elif key == "env":
-                if not isinstance(value, dict):
-                    raise ConfigError(f"env: expected a mapping of NAME: value, got {value!r}")
-                out[key] = tuple(sorted((str(k), str(v)) for k, v in value.items()))
-            elif key == "metrics":
-                if not isinstance(value, dict) or set(value) - {"textfile_dir"}:
-                    raise ConfigError("metrics: expected a mapping with the key textfile_dir")
-                if value.get("textfile_dir") is not None:
-                    out["metrics_textfile_dir"] = str(value["textfile_dir"])
-            else:
+            parse = _PARSERS.get(key)
+            if parse is None:
                 hint = difflib.get_close_matches(key, _KEYS, n=1)
-                raise ConfigError(f"unknown key {key!r}" + (f" (did you mean {hint[0]!r}?)" if hint else f"; known keys: {', '.join(_KEYS)}"))
+                raise ConfigError(f"unknown key {key!r}" + (f" (did you mean {hint[0]!r}?)" if hint
+                                                            else f"; known keys: {', '.join(_KEYS)}"))
+            out.update(parse(key, value))
         except ConfigError as e:
-            raise err(str(e)) from None
+            raise ConfigError(f"{source}{e}") from None
     return out
 
 
