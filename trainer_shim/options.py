@@ -1,21 +1,71 @@
-"""init() options checked once, before anything touches the run dir (a bad option is a one-line ConfigError)."""
+"""init() options, parsed and checked once, before anything touches the run dir (a bad option is
+a one-line ConfigError naming it)."""
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import os
 import sys
-from typing import Any, Optional
+from typing import Any, Mapping, Optional, Union
 
 from .errors import ConfigError
 from .loading import sharded_module
+from .save_interval import DEFAULT_MTBF_HOURS
 
-__all__ = ["validate", "decide_sharded"]
+__all__ = ["Options", "decide_sharded"]
+
+PathLike = Union[str, "os.PathLike[str]"]
 
 
-def validate(save_every_steps: Optional[int], extra: Any) -> None:
-    if save_every_steps is not None and save_every_steps <= 0:
-        raise ConfigError(f"save_every_steps must be positive, got {save_every_steps}")
-    if extra is not None and not isinstance(extra, dict):
-        raise ConfigError("extra must be a dict of objects with state_dict()/load_state_dict()")
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """Every keyword of `trainer_shim.init()` (README "Your training script" documents each)."""
+
+    model: Any = None
+    optimizer: Any = None
+    scheduler: Any = None
+    scaler: Any = None
+    extra: Optional[dict] = None
+    run_dir: Optional[PathLike] = None
+    save_every_steps: Optional[int] = None
+    save_every_seconds: Optional[Union[float, str]] = None   # seconds, or "auto" (Young/Daly)
+    save_on_epoch_end: bool = True
+    keep_last: int = 3
+    keep_epochs: int = 10
+    keep_best: int = 1
+    fallback_dir: Optional[PathLike] = None
+    min_free_bytes: Optional[int] = None
+    heartbeat_interval: float = 1.0
+    resume_emergency: bool = False
+    collective_timeout: float = 300.0
+    sharded: Optional[bool] = None
+    allow_reshard: Optional[bool] = None
+    on_nonfinite: str = "raise"
+    resume: str = "auto"
+    strict_resume: bool = False
+    mtbf_hours: float = DEFAULT_MTBF_HOURS
+    async_save: bool = False
+    memory_every_steps: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        for name in ("save_every_steps", "memory_every_steps"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ConfigError(f"{name} must be positive, got {value}")
+        if self.extra is not None and not isinstance(self.extra, dict):
+            raise ConfigError("extra must be a dict of objects with state_dict()/load_state_dict()")
+
+    @classmethod
+    def parse(cls, kwargs: Mapping[str, Any]) -> "Options":
+        """The options of an init() call; an unknown keyword is a ConfigError with the closest name."""
+        known = [f.name for f in dataclasses.fields(cls)]
+        for key in kwargs:
+            if key not in known:
+                hint = difflib.get_close_matches(key, known, n=1)
+                raise ConfigError(f"init() got an unknown option {key!r}"
+                                  + (f"; did you mean {hint[0]!r}?" if hint else f"; options: {', '.join(known)}"))
+        return cls(**kwargs)
 
 
 def decide_sharded(sharded: Optional[bool], model: Any) -> bool:

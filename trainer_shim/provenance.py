@@ -21,7 +21,7 @@ from typing import Any, Optional, Sequence
 from . import rundir
 from .rundir import ENV_STRICT_RESUME, RESUME_REFUSED_ERROR_TYPE, Event
 
-__all__ = ["script_path", "git_info", "args_hash", "differences", "check_resume", "strict_from_env"]
+__all__ = ["script_path", "git_info", "args_hash", "differences", "check_resume", "strict_from_env", "attach"]
 
 
 def script_path() -> Optional[Path]:
@@ -94,6 +94,13 @@ def _describe(diff: dict) -> str:
         else:
             parts.append("arguments/config changed")
     return ", ".join(parts)
+
+
+def attach(run: Any, script: Optional[Path], strict_resume: bool) -> None:
+    """Give `run` what its checkpoints record of where they came from, and the resume rule."""
+    run.git_commit, run.git_dirty = git_info(script.parent if script else None)
+    run.args_hash, run.strict_resume = args_hash(), bool(strict_resume) or strict_from_env()
+    run._provenance = {"git_commit": run.git_commit, "git_dirty": run.git_dirty, "args_hash": run.args_hash}
 
 
 def check_resume(run: Any, path: Path, manifest: Any, strict: bool) -> None:

@@ -42,7 +42,7 @@ def _choose(run: Run, requested: Optional[str], below: Optional[int]) -> Optiona
         return None
     if requested:
         return requested
-    info = rundir.newest_valid(run.search_dirs, allow_inexact=run.resume_emergency, below_step=below,
+    info = rundir.newest_valid(run.search_dirs, allow_inexact=run.options.resume_emergency, below_step=below,
                                on_reject=lambda p, r: reject(run, p, r))
     return str(info.path) if info else None
 

@@ -19,9 +19,10 @@ from . import (cursor, data, distributed, divergence, options, provenance, resto
                rundir, save_interval, saving, signals)
 from .errors import CollectiveTimeout, ConfigError
 from .heartbeat import Heartbeat
+from .hooks import ProcessHooks
 from .loading import LoadResult, load
 from .probe import Probe
-from .provenance import git_info, script_path
+from .provenance import script_path
 from .rundir import CheckpointKind, Event, Phase
 
 __all__ = ["Run", "init", "load", "LoadResult"]
@@ -36,78 +37,42 @@ def _say(msg: str) -> None:
 class Run:
     """One training process's view of its run dir. Create it with `trainer_shim.init()`."""
 
-    def __init__(
-        self,
-        *,
-        model: Any = None,
-        optimizer: Any = None,
-        scheduler: Any = None,
-        scaler: Any = None,
-        extra: Optional[dict[str, Any]] = None,
-        run_dir: Optional[os.PathLike | str] = None,
-        save_every_steps: Optional[int] = None,
-        save_every_seconds: Optional[float | str] = None,
-        save_on_epoch_end: bool = True,
-        keep_last: int = 3,
-        keep_epochs: int = 10,
-        keep_best: int = 1,
-        fallback_dir: Optional[os.PathLike | str] = None,
-        min_free_bytes: Optional[int] = None,
-        heartbeat_interval: float = 1.0,
-        resume_emergency: bool = False,
-        collective_timeout: float = 300.0,
-        sharded: Optional[bool] = None,
-        allow_reshard: Optional[bool] = None,
-        on_nonfinite: str = "raise",
-        resume: str = "auto",
-        strict_resume: bool = False,
-        mtbf_hours: float = save_interval.DEFAULT_MTBF_HOURS,
-        async_save: bool = False,
-        memory_every_steps: Optional[int] = None,
-    ) -> None:
-        options.validate(save_every_steps, extra)
-        if memory_every_steps is not None and memory_every_steps <= 0:
-            raise ConfigError(f"memory_every_steps must be positive, got {memory_every_steps}")
-        self.on_nonfinite = divergence.check_mode(on_nonfinite, distributed.env_int("WORLD_SIZE", 1))
+    def __init__(self, **kwargs: Any) -> None:
+        o = self.options = options.Options.parse(kwargs)
+        self.on_nonfinite = divergence.check_mode(o.on_nonfinite, distributed.env_int("WORLD_SIZE", 1))
         script = script_path()
         try:  # the product env, parsed once; a bad value is a one-line configuration error
-            self.env = env = rundir.RunEnv.from_environ(os.environ)
-            root = run_dir or env.run_dir or Path("runs") / (script.stem if script else "interactive")
-            root, self.env = resume_prompt.resolve(str(resume), Path(root).absolute(), env, say=_say)
+            env = rundir.RunEnv.from_environ(os.environ)
+            root = o.run_dir or env.run_dir or Path("runs") / (script.stem if script else "interactive")
+            root, self.env = resume_prompt.resolve(str(o.resume), Path(root).absolute(), env, say=_say)
             self.rd = rundir.ensure_run_dir(Path(root).absolute(), env.node)
         except rundir.ContractError as e:
             raise ConfigError(str(e)) from e
-        self._join_world(collective_timeout)
-        self.sharded = options.decide_sharded(sharded, model)
-        self.allow_reshard = bool(env.allow_reshard if allow_reshard is None else allow_reshard)
-        self.attempt = env.attempt
+        self._join_world(o.collective_timeout)
+        self.sharded = options.decide_sharded(o.sharded, o.model)
+        self.allow_reshard = bool(self.env.allow_reshard if o.allow_reshard is None else o.allow_reshard)
+        self.attempt = self.env.attempt
         # The step mark is reset before the first beat: the supervisor trusts a mark only once this
         # attempt's heartbeat exists, so it never reads a previous attempt's step as ours.
         self._mark = rundir.StepMark(self.rd.step_mark(self.rank))
         # The first beat goes out before any restore work, so a slow restore is visibly "starting".
         self._hb = Heartbeat(self.rd.heartbeat(self.rank), rank=self.rank, attempt=self.attempt,
-                             interval=heartbeat_interval, node=self.rd.node)
+                             interval=o.heartbeat_interval, node=self.rd.node)
         self._hb.write_now()
-        self.model, self.optimizer, self.scheduler, self.scaler = model, optimizer, scheduler, scaler
-        self.extra: dict[str, Any] = dict(extra or {})
-        self.save_every_steps = save_every_steps
-        self.save_every_seconds, self._auto = save_interval.from_option(save_every_seconds, self.rd, mtbf_hours, self._hb)
+        self.model, self.optimizer, self.scheduler, self.scaler = o.model, o.optimizer, o.scheduler, o.scaler
+        self.extra: dict[str, Any] = dict(o.extra or {})
+        self.save_every_seconds, self._auto = save_interval.from_option(o.save_every_seconds, self.rd, o.mtbf_hours,
+                                                                        self._hb)
         self.skipped_steps = 0            # on_nonfinite="skip": steps not counted
-        self.save_on_epoch_end = save_on_epoch_end
-        self.keep_last, self.keep_epochs, self.keep_best = keep_last, keep_epochs, keep_best
-        self.fallback_dir = Path(fallback_dir).absolute() if fallback_dir else None
-        self.min_free_bytes = int(min_free_bytes or 0)
-        self.heartbeat_interval = float(heartbeat_interval)
-        self.resume_emergency = resume_emergency
+        self.fallback_dir = Path(o.fallback_dir).absolute() if o.fallback_dir else None
         self._reset_position()
         self._fast: Any = None  # async_save.FastSaver when async_save/memory_every_steps is on
-        self._retention = retention.Retention(self.rd, lambda: self.search_dirs, keep_last=keep_last,
-                                              keep_epochs=keep_epochs, keep_best=keep_best)
-        self._install_hooks()
-        self.git_commit, self.git_dirty = git_info(script.parent if script else None)
-        self.args_hash, self.strict_resume = provenance.args_hash(), bool(strict_resume) or provenance.strict_from_env()
-        self._provenance = {"git_commit": self.git_commit, "git_dirty": self.git_dirty, "args_hash": self.args_hash}
-        self._fast = async_save_mod.make(self, async_save, memory_every_steps)
+        self._retention = retention.Retention(self.rd, lambda: self.search_dirs, keep_last=o.keep_last,
+                                              keep_epochs=o.keep_epochs, keep_best=o.keep_best)
+        self._hooks = ProcessHooks().install(self.rd, self._on_exception, o.optimizer, self._on_optimizer_step)
+        self._stop = self._hooks.stop
+        provenance.attach(self, script, o.strict_resume)
+        self._fast = async_save_mod.make(self, o.async_save, o.memory_every_steps)
         self._resume()
 
     def _resume(self) -> None:
@@ -159,15 +124,6 @@ class Run:
                 raise ConfigError(f"WORLD_SIZE={self.world_size} but torch.distributed is not initialised with that "
                                   "world size; call torch.distributed.init_process_group() before trainer_shim.init()")
             self._group = distributed.Dist(collective_timeout)
-
-    def _install_hooks(self) -> None:
-        self._stop = signals.StopFlag()
-        self._stop.install()
-        signals.install_stack_dumps(self.rd.stacks_file(os.getpid()))
-        signals.tie_forked_children()
-        signals.install_excepthook(self._on_exception)
-        if self.optimizer is not None and hasattr(self.optimizer, "register_step_post_hook"):
-            self.optimizer.register_step_post_hook(self._on_optimizer_step)
 
     # --- paths ----------------------------------------------------------------------------------
 
@@ -252,7 +208,7 @@ class Run:
         self.batch_in_epoch = self._yielded if self._stream_epoch == self.epoch else self.batch_in_epoch + 1
         self._dirty = False
         now = time.monotonic()
-        if now - self._hb_last >= self.heartbeat_interval:
+        if now - self._hb_last >= self.options.heartbeat_interval:
             self._hb_last = now
             f = self._hb.fields
             f["step"] = self.global_step
@@ -260,7 +216,7 @@ class Run:
             f["loss"] = self.loss
             f["phase"] = "training"
             self._hb.request()
-        every = self.save_every_steps
+        every = self.options.save_every_steps
         timed = self.save_every_seconds is not None and now - self._last_save_t >= self.save_every_seconds
         stop = self._stop.requested
         # Every rank must save, and stop, at the same step: one MAX all-reduce of both flags.
@@ -277,7 +233,7 @@ class Run:
     def heartbeat(self) -> None:
         """An explicit liveness beat for long non-step work (validation); rate-limited like step()."""
         now = time.monotonic()
-        if now - self._hb_last >= self.heartbeat_interval:
+        if now - self._hb_last >= self.options.heartbeat_interval:
             self._hb_last = now
             self._hb.fields.update(step=self.global_step, epoch=self.epoch, loss=self.loss, phase="training")
             self._hb.request()
@@ -317,7 +273,7 @@ class Run:
     def _end_epoch(self) -> None:
         self._advance_epoch_counters()
         self._hb.fields["epoch"] = self.epoch
-        if self.save_on_epoch_end:
+        if self.options.save_on_epoch_end:
             self._save(CheckpointKind.EPOCH)
         self._probe.on_epoch_end()
         stop = self._stop.requested

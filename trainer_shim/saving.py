@@ -138,7 +138,7 @@ def snapshot(run: Run, kind: CheckpointKind, exact: bool) -> ckpt.Snapshot:
 
 def ensure_space(run: Run, root: Path, snap: ckpt.Snapshot) -> bool:
     """Free space >= 1.2 x last checkpoint + min_free_bytes, rotating first if that makes room."""
-    need = int(1.2 * run._last_size) + run.min_free_bytes
+    need = int(1.2 * run._last_size) + int(run.options.min_free_bytes or 0)
     if need <= 0:
         return True
     free = retention.free_bytes(root)

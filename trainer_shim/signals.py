@@ -29,6 +29,13 @@ class StopFlag:
             self._previous[sig] = signal.signal(sig, self._handle)
         return True
 
+    def uninstall(self) -> None:
+        """Restore the handlers that were there before `install` (main thread only, like install)."""
+        for sig, previous in self._previous.items():
+            if signal.getsignal(sig) == self._handle:
+                signal.signal(sig, previous)
+        self._previous.clear()
+
     def _handle(self, signum: int, frame: Any) -> None:
         if self.requested and signum == signal.SIGINT:
             # A second Ctrl-C means "now": do not wait for the next step.
@@ -132,16 +139,28 @@ def qualified_name(tp: type) -> str:
     return tp.__qualname__ if mod in ("builtins", "__main__", None) else f"{mod}.{tp.__qualname__}"
 
 
-def install_excepthook(on_exception: Callable[[type, BaseException, Optional[TracebackType]], None]) -> None:
-    """Chain sys.excepthook so `on_exception` runs first; its own failures never hide the original error."""
+def install_excepthook(on_exception: Callable[[type, BaseException, Optional[TracebackType]], None]) -> Callable[[], None]:
+    """Chain sys.excepthook so `on_exception` runs first; its own failures never hide the original error.
+
+    Returns the uninstaller: it restores the previous hook, or (when someone chained after us)
+    makes ours a pass-through so their chain stays intact.
+    """
     previous = sys.excepthook
+    active = [True]
 
     def hook(tp: type, value: BaseException, tb: Optional[TracebackType]) -> None:
-        try:
-            on_exception(tp, value, tb)
-        except BaseException:  # noqa: BLE001 - reporting must not replace the real traceback
-            print("trainer_shim: error while recording the crash:", file=sys.stderr)
-            traceback.print_exc()
+        if active[0]:
+            try:
+                on_exception(tp, value, tb)
+            except BaseException:  # noqa: BLE001 - reporting must not replace the real traceback
+                print("trainer_shim: error while recording the crash:", file=sys.stderr)
+                traceback.print_exc()
         previous(tp, value, tb)
 
+    def uninstall() -> None:
+        active[0] = False
+        if sys.excepthook is hook:
+            sys.excepthook = previous
+
     sys.excepthook = hook
+    return uninstall

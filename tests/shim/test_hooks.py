@@ -40,3 +40,46 @@ def test_step_mark_records_the_last_step_reached_not_the_last_beat(run_dir: Path
     rd = rundir.RunDir(run_dir)
     assert rundir.read_step_mark(rd.step_mark(0)) == 13
     assert rundir.reached_step(rd, 0, 1) == 13
+
+
+_TWO_RUNS = r"""
+import json, signal, sys
+import torch
+import trainer_shim
+from trainer_shim.errors import ConfigError
+
+before = (signal.getsignal(signal.SIGTERM), sys.excepthook)
+model = torch.nn.Linear(2, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+first = trainer_shim.init(model=model, optimizer=opt, run_dir=sys.argv[1] + "/a")
+second = trainer_shim.init(model=model, optimizer=opt, run_dir=sys.argv[1] + "/b")
+out = {
+    # The second Run's hooks replace the first's instead of chaining behind them.
+    "sigterm_is_second": signal.getsignal(signal.SIGTERM) == second._stop._handle,
+    "first_flag_off": signal.getsignal(signal.SIGTERM) != first._stop._handle,
+    "optimizer_hooks": len(opt._optimizer_step_post_hooks),
+}
+second._hooks.uninstall()
+out["restored"] = (signal.getsignal(signal.SIGTERM), sys.excepthook) == before
+try:
+    trainer_shim.init(model=model, keep_lsat=2, run_dir=sys.argv[1] + "/c")
+except ConfigError as e:
+    out["unknown_option"] = str(e)
+print(json.dumps(out))
+"""
+
+
+def test_a_second_run_replaces_the_first_runs_hooks_and_uninstall_restores(tmp_path: Path) -> None:
+    import json
+    import subprocess
+
+    from tests.conftest import PYTHON, REPO, child_env
+
+    env = child_env()
+    env["PYTHONPATH"] = str(REPO)
+    p = subprocess.run([PYTHON, "-c", _TWO_RUNS, str(tmp_path)], env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["sigterm_is_second"] and out["first_flag_off"] and out["restored"], out
+    assert out["optimizer_hooks"] == 1, out
+    assert out["unknown_option"] == "init() got an unknown option 'keep_lsat'; did you mean 'keep_last'?"

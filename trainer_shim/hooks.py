@@ -1,0 +1,60 @@
+"""The process-level hooks of one Run, installed together and removed together.
+
+SIGTERM/SIGINT set the stop flag; uncaught exceptions are recorded (and may get an emergency
+checkpoint); the optimizer's post-step hook tells whether weights moved after `run.step()`. A new
+Run in the same process (a notebook, a test, a second `trainer.train()`) first uninstalls the
+previous Run's hooks, so handlers never chain across Runs.
+
+Two hooks are process-wide and stay: the SIGUSR1 stack-dump relay (faulthandler keeps one
+registration; a new Run only moves its target file) and the fork tie of DataLoader workers
+(`os.register_at_fork` cannot be undone; it only ties children to their live parent).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from types import TracebackType
+from typing import Any, Callable, Optional
+
+from . import signals
+from .rundir import RunDir
+
+__all__ = ["ProcessHooks"]
+
+OnException = Callable[[type, BaseException, Optional[TracebackType]], None]
+
+_active: Optional["ProcessHooks"] = None
+
+
+class ProcessHooks:
+    def __init__(self) -> None:
+        self.stop = signals.StopFlag()
+        self._undo: list[Callable[[], None]] = []
+
+    def install(self, rd: RunDir, on_exception: OnException, optimizer: Any = None,
+                on_optimizer_step: Optional[Callable[..., None]] = None) -> "ProcessHooks":
+        global _active
+        if _active is not None:
+            _active.uninstall()
+        if self.stop.install():
+            self._undo.append(self.stop.uninstall)
+        signals.install_stack_dumps(rd.stacks_file(os.getpid()))
+        signals.tie_forked_children()
+        self._undo.append(signals.install_excepthook(on_exception))
+        if optimizer is not None and on_optimizer_step is not None and hasattr(optimizer, "register_step_post_hook"):
+            self._undo.append(optimizer.register_step_post_hook(on_optimizer_step).remove)
+        _active = self
+        return self
+
+    def uninstall(self) -> None:
+        """Put back what was there before `install` (idempotent)."""
+        global _active
+        while self._undo:
+            undo = self._undo.pop()
+            try:
+                undo()
+            except (ValueError, RuntimeError) as e:   # e.g. signal handlers off the main thread
+                print(f"trainer_shim: warning: cannot remove a hook: {e}", file=sys.stderr)
+        if _active is self:
+            _active = None
