@@ -145,45 +145,24 @@ def _write_file(path: Path, obj: Any, progress: Callable[[int], None]) -> FileEn
     return FileEntry(w.nbytes, w.digest())
 
 
-def write_checkpoint(
-    ckpt_root: Path,
-    snap: Snapshot,
-    *,
-    meta: dict[str, Any],
-    progress: Callable[[int], None] = lambda n: None,
-    shards: Optional[Callable[[Path], dict[str, FileEntry]]] = None,
-) -> tuple[Path, Manifest, int]:
-    """Write `snap` into ckpt_root/.tmp-step-N, commit it as step-N and repoint `latest`.
-
-    `shards(tmp)`, when given, writes the sharded (DCP) members and returns their entries.
-
-    Returns (committed dir, manifest, bytes written). On any failure the tmp dir is removed
-    and CheckpointError is raised; a committed dir is never overwritten.
+def write_checkpoint(ckpt_root: Path, snap: Snapshot, *, meta: dict[str, Any],
+                     progress: Callable[[int], None] = lambda n: None) -> tuple[Path, Manifest, int]:
+    """Write `snap` (one process, no shards) into ckpt_root/.tmp-step-N and commit it as step-N
+    through the same commit as a Run's saves. For tools and benchmarks; a Run saves through
+    `saving.save`. Returns (committed dir, manifest, bytes); CheckpointError on failure (tmp removed).
     """
-    rd_ckpts = Path(ckpt_root)
-    name = rundir.checkpoint_name(snap.global_step)
-    final = rd_ckpts / name
-    tmp = rd_ckpts / f"{rundir.TMP_PREFIX}{name}"
-    if final.exists():
-        raise CheckpointError(f"{final} already exists")
-    written = 0
+    root = Path(ckpt_root)
+    tmp = root / f"{rundir.TMP_PREFIX}{rundir.checkpoint_name(snap.global_step)}"
+    files: dict[str, tuple[int, str]] = {}
     with _discarding(tmp, "write"):
-        rd_ckpts.mkdir(mode=rundir.RUN_DIR_MODE, parents=True, exist_ok=True)
-        if tmp.exists():
-            shutil.rmtree(tmp)
+        root.mkdir(mode=rundir.RUN_DIR_MODE, parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(mode=rundir.RUN_DIR_MODE)
-        entries: dict[str, FileEntry] = {}
         for fname, obj in snap.files.items():
-            base = written
-            entries[fname] = _write_file(tmp / fname, obj, lambda n: progress(base + n))
-            written += entries[fname].size
-        if shards is not None:
-            for fname, ent in shards(tmp).items():
-                entries[fname] = ent
-                written += ent.size
-        manifest = _manifest(snap, entries, meta)
-        _commit(tmp, final, manifest)
-    return final, manifest, written
+            base = sum(size for size, _ in files.values())
+            files[fname] = write_member(tmp, fname, obj, lambda n: progress(base + n))
+    final, manifest = commit_members(root, tmp, snap, files, meta=meta, world_size=1)
+    return final, manifest, sum(size for size, _ in files.values())
 
 
 @contextlib.contextmanager
@@ -194,7 +173,7 @@ def _discarding(tmp: Path, verb: str) -> Iterator[None]:
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(e, OSError):
-            raise CheckpointError(f"cannot {verb} {tmp}: {_describe(e)}") from e
+            raise CheckpointError(f"cannot {verb} {tmp}: {describe_os_error(e)}") from e
         raise
 
 
@@ -213,7 +192,8 @@ def _commit(tmp: Path, final: Path, manifest: Manifest) -> None:
     snapshot_store.commit_dir(tmp, final, snapshot_store.manifest_bytes(manifest), manifest.exact)
 
 
-def _describe(e: OSError) -> str:
+def describe_os_error(e: OSError) -> str:
+    """`ENOSPC: No space left on device`: the errno name first, for people and for tests."""
     code = errno.errorcode.get(e.errno or 0, "")
     return f"{code + ': ' if code else ''}{e.strerror or e}"
 

@@ -287,51 +287,25 @@ class Run:
         self._dirty = True
 
     def _save(self, kind: CheckpointKind, exact: bool = True) -> Optional[Path]:
-        """Save at the current step unless it already has a checkpoint; storage failures never raise."""
+        """Save at the current step (one protocol for 1..N ranks, see `saving`) unless the step
+        already has a checkpoint; storage failures never raise. Every rank calls it at the same step."""
         if self._fast is not None:
             self._fast.drain()  # a synchronous save comes after the background one in flight
-        if self._group.world_size > 1:
-            return self._save_dist(kind)
         self._last_save_t = time.monotonic()
-        existing = saving.reusable(self, self.global_step, exact)
-        if existing is not None:
-            self._retention.upgrade_kind(existing, kind)
-            return existing
-        snap = saving.snapshot(self, kind, exact)
         self._hb.fields.update(step=self.global_step, epoch=self.epoch, loss=self.loss)
         self._hb.begin_save()
         try:
-            outcome = saving.write_alone(self, snap)
-            if outcome.committed:
-                self._last_size = outcome.nbytes
-                self.checkpoint_step = self._retention.committed_step = self.global_step
-            return outcome.path
-        finally:
-            self._last_save_t = time.monotonic()
-            self._hb.end_save(checkpoint_step=self.checkpoint_step)
-
-    def _save_dist(self, kind: CheckpointKind) -> Optional[Path]:
-        """The multi-rank commit protocol (see `saving`); every rank calls it at the same step."""
-        self._last_save_t = time.monotonic()
-        step = self.global_step
-        decision = saving.decide(self, kind) if self.rank == 0 else None
-        snap = saving.snapshot(self, kind, True)
-        self._hb.fields.update(step=step, epoch=self.epoch, loss=self.loss)
-        self._hb.begin_save()
-        try:
             try:
-                outcome = saving.commit(self, snap, decision)
+                outcome = saving.save(self, kind, exact)
             except CollectiveTimeout as e:
                 if self.rank == 0:
                     self._failed(self.rd.checkpoints, str(e))
                 _say(f"error: {e}; exiting (the supervisor resumes from the newest complete checkpoint)")
                 raise
-            if outcome.path is None or outcome.error is not None:
-                return None
             if outcome.committed:  # not when an existing checkpoint stands for the step
                 self._last_size = outcome.nbytes
-                self.checkpoint_step = self._retention.committed_step = step
-            return outcome.path
+                self.checkpoint_step = self._retention.committed_step = self.global_step
+            return outcome.path if outcome.error is None else None
         finally:
             self._last_save_t = time.monotonic()
             self._hb.end_save(checkpoint_step=self.checkpoint_step)

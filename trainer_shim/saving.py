@@ -1,11 +1,15 @@
-"""The multi-rank commit protocol, with typed decisions and outcomes instead of tuples.
+"""The one commit protocol of a step's checkpoint, for a world of one as for N ranks (a world of
+one is a group of size one: its barrier, broadcast and gather are no-ops), with typed decisions
+and outcomes instead of tuples.
 
 rank 0 picks the root and creates `.tmp-step-N` (`decide`); every rank writes its members there
-(rank 0: model and rank-0.pt; the last rank: optimizer; rank R: rank-R.pt; sharded: every rank
-its DCP shards); rank 0 gathers every rank's {file: (size, digest)}, writes MANIFEST.json listing
-them all, renames, repoints latest and broadcasts the outcome (`commit`). A storage failure on any
-rank fails the save everywhere (checkpoint_failed) and training continues; a collective timeout
-(CollectiveTimeout) ends the process.
+(one process: all of them; else rank 0: model and rank-0.pt; the last rank: optimizer; rank R:
+rank-R.pt; sharded: every rank its DCP shards); rank 0 gathers every rank's {file: (size,
+digest)}, writes MANIFEST.json listing them all, renames, repoints latest and broadcasts the
+outcome (`commit`). A storage failure on any rank fails the attempt in that root; the save moves
+on to the next root (the fallback dir), and when none takes it, fails everywhere
+(checkpoint_failed) while training continues. A collective timeout (CollectiveTimeout) ends the
+process.
 
 Decisions and outcomes travel through the group's broadcast (pickled): plain frozen dataclasses.
 """
@@ -29,7 +33,7 @@ from .rundir import CheckpointKind
 if TYPE_CHECKING:  # pragma: no cover
     from .run import Run
 
-__all__ = ["Action", "Decision", "Outcome", "decide", "commit", "write_alone", "no_emergency_reason", "find_existing", "reusable", "snapshot", "ensure_space"]
+__all__ = ["Action", "Decision", "Outcome", "decide", "commit", "save", "no_emergency_reason", "find_existing", "reusable", "snapshot", "ensure_space"]
 
 
 class Action(str, enum.Enum):
@@ -42,6 +46,7 @@ class Action(str, enum.Enum):
 class Decision:
     action: Action
     path: Optional[Path] = None
+    root: int = 0          # index into run.search_dirs of the root written to
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +57,7 @@ class Outcome:
     committed: bool = False
     nbytes: int = 0
     error: Optional[str] = None
+    retry_root: Optional[int] = None   # the write failed in one root: try this next one
 
 
 def _say(msg: str) -> None:
@@ -153,16 +159,19 @@ def ensure_space(run: Run, root: Path, snap: ckpt.Snapshot) -> bool:
     return False
 
 
-def decide(run: Run, kind: CheckpointKind) -> Decision:
-    """rank 0: keep an existing checkpoint at the step, or create the temporary dir in the first root that can."""
+def decide(run: Run, kind: CheckpointKind, exact: bool = True, start: int = 0) -> Decision:
+    """rank 0: keep an existing checkpoint at the step, or create the temporary dir in the first
+    root (from `start` on) that can take it."""
     step = run.global_step
-    existing = reusable(run, step, True)
+    existing = reusable(run, step, exact) if start == 0 else None
     if existing is not None:
         run._retention.upgrade_kind(existing, kind)
         return Decision(Action.EXISTS, existing)
     name = rundir.checkpoint_name(step)
     probe = ckpt.Snapshot({}, step, run.epoch, run.batch_in_epoch, kind, run.loss)
-    for root in run.search_dirs:
+    roots = run.search_dirs
+    for index in range(start, len(roots)):
+        root = roots[index]
         if not ensure_space(run, root, probe):
             continue
         tmp = root / f"{rundir.TMP_PREFIX}{name}"
@@ -174,7 +183,7 @@ def decide(run: Run, kind: CheckpointKind) -> Decision:
         except OSError as e:
             run._failed(root, f"cannot create {tmp}: {e.strerror or e}")
             continue
-        return Decision(Action.WRITE, tmp)
+        return Decision(Action.WRITE, tmp, index)
     return Decision(Action.NONE)
 
 
@@ -188,8 +197,10 @@ def _write_mine(run: Run, tmp: Path, snap: ckpt.Snapshot) -> tuple[dict, Optiona
             base = written
             mine[fname] = ckpt.write_member(tmp, fname, obj, lambda n: run._on_progress(base + n))
             written += mine[fname][0]
-    except (OSError, RuntimeError) as e:
-        err = f"rank {run.rank}: {type(e).__name__}: {e}"
+    except OSError as e:
+        err = f"{_who(run)}cannot write {tmp / fname}: {ckpt.describe_os_error(e)}"
+    except RuntimeError as e:
+        err = f"{_who(run)}{type(e).__name__}: {e}"
     referenced: set[str] = set()
     if run.sharded:  # collective: every rank takes part even after its own failure
         try:
@@ -199,12 +210,18 @@ def _write_mine(run: Run, tmp: Path, snap: ckpt.Snapshot) -> tuple[dict, Optiona
                 group=run._group.group, progress=lambda n: run._on_progress(base + n))
             mine.update({f: (e.size, e.xxh3_128) for f, e in shards.items()})
         except (OSError, CheckpointError) as e:
-            err = err or f"rank {run.rank}: {type(e).__name__}: {e}"
+            err = err or f"{_who(run)}{type(e).__name__}: {e}"
     return mine, err, referenced
 
 
-def _finish(run: Run, tmp: Path, snap: ckpt.Snapshot, reports: list, referenced: set[str]) -> Outcome:
-    """rank 0: commit what every rank reported, or discard the temporary dir."""
+def _who(run: Run) -> str:
+    return f"rank {run.rank}: " if run._group.world_size > 1 else ""
+
+
+def _finish(run: Run, decision: Decision, snap: ckpt.Snapshot, reports: list, referenced: set[str]) -> Outcome:
+    """rank 0: commit what every rank reported, or discard the temporary dir (and say where to retry)."""
+    tmp = decision.path
+    assert tmp is not None
     errs = [e for _, e in reports if e]
     files: dict[str, tuple[int, str]] = {}
     for m, _ in reports:
@@ -212,22 +229,22 @@ def _finish(run: Run, tmp: Path, snap: ckpt.Snapshot, reports: list, referenced:
     lost = sorted(referenced - set(files))
     if lost and not errs:  # DCP's metadata names shards no rank reported writing
         errs.append(f"shards missing from every rank's report: {', '.join(lost[:5])}")
-    if errs:
-        shutil.rmtree(tmp, ignore_errors=True)
-        outcome = Outcome(error="; ".join(errs))
-    else:
+    if not errs:
         try:
-            final, manifest = ckpt.commit_members(
-                tmp.parent, tmp, snap, files, world_size=run._group.world_size,
-                meta=run._provenance)
-            outcome = Outcome(final, committed=True, nbytes=sum(sz for sz, _ in files.values()))
+            final, manifest = ckpt.commit_members(tmp.parent, tmp, snap, files, world_size=run._group.world_size,
+                                                  meta=run._provenance)
+            run._retention.committed_step = snap.global_step  # before rotating: the resumed one may go now
             run._retention.add(final, manifest)
             run._retention.rotate()
+            return Outcome(final, committed=True, nbytes=sum(sz for sz, _ in files.values()))
         except CheckpointError as e:
-            outcome = Outcome(error=str(e))
-    if outcome.error is not None:
-        run._failed(tmp.parent, outcome.error)
-    return outcome
+            errs.append(str(e))
+    shutil.rmtree(tmp, ignore_errors=True)
+    # What got written before the failure is a lower bound of the next one's size (free-space check).
+    run._last_size = max(run._last_size, run._hb.save_bytes)
+    run._failed(tmp.parent, "; ".join(errs))
+    more = decision.root + 1 < len(run.search_dirs)
+    return Outcome(error="; ".join(errs), retry_root=decision.root + 1 if more else None)
 
 
 def commit(run: Run, snap: ckpt.Snapshot, decision: Optional[Decision]) -> Outcome:
@@ -242,34 +259,19 @@ def commit(run: Run, snap: ckpt.Snapshot, decision: Optional[Decision]) -> Outco
     tmp = decision.path
     mine, err, referenced = _write_mine(run, tmp, snap)
     reports = group.all_gather((mine, err), "checkpoint file reports")
-    outcome = _finish(run, tmp, snap, reports, referenced) if run.rank == 0 else None
+    outcome = _finish(run, decision, snap, reports, referenced) if run.rank == 0 else None
     return group.broadcast(outcome, "checkpoint outcome")
 
 
-def write_alone(run: Run, snap: ckpt.Snapshot) -> Outcome:
-    """A world of one: write and commit in the first root with room, falling back to the next on failure."""
-    for root in run.search_dirs:
-        if not ensure_space(run, root, snap):
-            continue
-        try:
-            path, manifest, nbytes = ckpt.write_checkpoint(
-                root, snap, meta=run._provenance,
-                progress=run._on_progress, shards=(lambda tmp: _write_shards(run, tmp)) if run.sharded else None)
-        except CheckpointError as e:
-            run._last_size = max(run._last_size, run._hb.save_bytes)
-            run._failed(root, str(e))
-            continue
-        run._retention.committed_step = snap.global_step  # before rotating: the resumed one may go now
-        run._retention.add(path, manifest)
-        run._retention.rotate()
-        return Outcome(path, committed=True, nbytes=nbytes)
-    return Outcome(error="no checkpoint root took it")
-
-
-def _write_shards(run: Run, tmp: Path) -> dict[str, rundir.FileEntry]:
-    """Single process: the DCP set of model and optimizer (no collectives)."""
-    files, _referenced = sharded_module().save(tmp, run.model, run.optimizer, rank=0, progress=run._on_progress)
-    return files
+def save(run: Run, kind: CheckpointKind, exact: bool = True) -> Outcome:
+    """Every rank, at the same step: the whole protocol, root after root until one takes it."""
+    decision = decide(run, kind, exact) if run.rank == 0 else None
+    snap = snapshot(run, kind, exact)
+    while True:
+        outcome = commit(run, snap, decision)
+        if outcome.retry_root is None:
+            return outcome
+        decision = decide(run, kind, exact, outcome.retry_root) if run.rank == 0 else None
 
 
 def no_emergency_reason(run: Run) -> Optional[str]:
