@@ -1,4 +1,4 @@
-"""Process-level hooks: SIGTERM/SIGINT stop flag, SIGUSR1 stack dumps, and the uncaught-exception hook."""
+"""Process-level pieces the shim installs (through hooks.py): SIGTERM/SIGINT stop flag, SIGUSR1 stack dumps, fork tie, excepthook."""
 
 from __future__ import annotations
 
