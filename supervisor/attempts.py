@@ -230,7 +230,8 @@ def assess(rd: RunDir, a: Attempt, rc: int, *, cgroup: Optional[MemoryCgroup], s
     kind, detail = classify(AttemptFacts(
         returncode=rc, killed_for=a.killed_for, stale_detail=a.stale_detail, oom_evidence=_oom_evidence(a, cgroup),
         error=err.record if err else None, error_rank=err.rank if err else None, stop_requested=stop_requested,
-        rank_failures=failures, ranks_stopped=ranks_stopped(a.monitor, multi_node=rd.node is not None),
+        rank_failures=failures,
+        ranks_stopped=ranks_stopped(a.monitor, multi_node=rd.node is not None, stop_requested=stop_requested),
         # Only when no rank of this attempt ever beat: a torchrun that loses the store mid-run is no rendezvous retry.
         rendezvous_error=parse_rendezvous_failure(tail) if rc not in (0, None) and not a.monitor.tracks else None,
     ))
@@ -249,13 +250,21 @@ def assess(rd: RunDir, a: Attempt, rc: int, *, cgroup: Optional[MemoryCgroup], s
     )
 
 
-def ranks_stopped(monitor: HeartbeatMonitor, multi_node: bool = False) -> Optional[str]:
-    """For a multi-rank attempt whose every (local) rank's last beat is `stopping` after a preempt save: the detail."""
+def ranks_stopped(monitor: HeartbeatMonitor, multi_node: bool = False, stop_requested: bool = False) -> Optional[str]:
+    """When every (local) rank's last beat is `stopping` after a preempt save: the detail.
+
+    torchrun exits 1 (SignalException) after its ranks saved and exited 75, so a launcher's exit
+    code cannot say it; the beats can. One rank is enough when a stop was requested (torchrun
+    --nproc-per-node 1) or on several nodes; otherwise it takes two, so that a lone process's
+    `stopping` beat never excuses its own non-75 exit.
+    """
     recs = [t.record for _, t in sorted(monitor.tracks.items())]
-    if len(recs) < (1 if multi_node else 2) or any(r.get("phase") != Phase.STOPPING.value for r in recs):
+    enough = 1 if (multi_node or stop_requested) else 2
+    if len(recs) < enough or any(r.get("phase") != Phase.STOPPING.value for r in recs):
         return None
     steps = sorted({r.get("checkpoint_step") for r in recs}, key=str)
-    return f"all {len(recs)} ranks saved a preempt checkpoint at step {', '.join(map(str, steps))} and stopped"
+    who = f"all {len(recs)} ranks" if len(recs) > 1 else "its rank"
+    return f"{who} saved a preempt checkpoint at step {', '.join(map(str, steps))} and stopped"
 
 
 def tail_lines(path: Path, lines: int = 20, max_bytes: int = 16384) -> list[str]:

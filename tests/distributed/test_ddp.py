@@ -142,6 +142,25 @@ def test_sigterm_to_supervisor_saves_all_ranks_at_one_step_and_rerun_is_exact(re
     assert_same_weights(out, reference / "out")
 
 
+def test_a_stop_of_a_one_rank_torchrun_is_preempted_not_crash(tmp_path: Path):
+    # torchrun exits 1 (SignalException) after its only rank saved and exited 75: the ranks'
+    # `stopping` beats say what happened, as they do for two ranks.
+    rd = tmp_path / "run"
+    sup = start_cli("--nproc-per-node", "1", "--run-dir", str(rd), *FAST, DDP_JOB, "--out-dir", str(tmp_path / "out"),
+                    "--step-sleep", "0.3")
+    try:
+        wait_until(lambda: (heartbeat(rd, 0) or {}).get("step", 0) >= 3, timeout=60, what="rank 0 at step 3")
+        sup.send_signal(signal.SIGTERM)
+        sup.wait(60)
+    finally:
+        if sup.poll() is None:
+            kill_group(sup)
+    assert sup.returncode == 75, sup.stderr.read()[-3000:]
+    assert ended_kinds(rd) == ["preempted"]
+    assert "its rank saved a preempt checkpoint" in events(rd, "attempt_ended")[0]["evidence"]
+    assert events(rd, "stopped")[0]["saved"] is True
+
+
 def test_shim_collective_timeout_ends_the_attempt_instead_of_waiting_forever(reference: Path, tmp_path: Path):
     # The heartbeat timeout is long here: only the shim's own collective timeout (3 s) can end it.
     rd, out = recovered_run(tmp_path, "ctimeout", "--collective-timeout", "3", "--heartbeat-interval", "0.01",
