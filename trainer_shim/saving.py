@@ -85,6 +85,7 @@ def reusable(run: Run, step: int, exact: bool) -> Optional[Path]:
     if existing is None:
         return None
     why = "rejected at resume" if os.path.realpath(existing) in run._rejected_paths else None
+    expected = False   # a replacement that is part of normal operation: not worth a message
     if why is None:
         try:
             m = rundir.inspect_checkpoint(existing).manifest
@@ -97,6 +98,7 @@ def reusable(run: Run, step: int, exact: bool) -> Optional[Path]:
                 # save at the same step records the truth (next epoch, batch 0, RNG after the
                 # epoch body) so manifest, index and resume all agree.
                 why = f"written at epoch {m.epoch} batch {m.batch_in_epoch}, before the epoch ended"
+                expected = True
         except rundir.InvalidCheckpoint as e:
             why = f"invalid: {e.reason}"
     if why is None:
@@ -109,7 +111,8 @@ def reusable(run: Run, step: int, exact: bool) -> Optional[Path]:
     except OSError as e:
         _say(f"warning: cannot replace checkpoint {existing} ({why}): {e}")
         return existing
-    _say(f"replacing checkpoint {existing} ({why})")
+    if not expected:
+        _say(f"replacing checkpoint {existing} ({why})")
     return None
 
 
