@@ -5,9 +5,10 @@ checkpoint); the optimizer's post-step hook tells whether weights moved after `r
 Run in the same process (a notebook, a test, a second `trainer.train()`) first uninstalls the
 previous Run's hooks, so handlers never chain across Runs.
 
-Two hooks are process-wide and stay: the SIGUSR1 stack-dump relay (faulthandler keeps one
-registration; a new Run only moves its target file) and the fork tie of DataLoader workers
-(`os.register_at_fork` cannot be undone; it only ties children to their live parent).
+Three hooks are process-wide and stay: the SIGUSR1 stack-dump relay (faulthandler keeps one
+registration; a new Run only moves its target file), the fork tie of DataLoader workers
+(`os.register_at_fork` cannot be undone; it only ties children to their live parent) and a
+torchrun rank's tie to torchrun (it must never outlive its launcher).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ class ProcessHooks:
             self._undo.append(self.stop.uninstall)
         signals.install_stack_dumps(rd.stacks_file(os.getpid()))
         signals.tie_forked_children()
+        signals.die_with_launcher()
         self._undo.append(signals.install_excepthook(on_exception))
         if optimizer is not None and on_optimizer_step is not None and hasattr(optimizer, "register_step_post_hook"):
             self._undo.append(optimizer.register_step_post_hook(on_optimizer_step).remove)

@@ -134,6 +134,29 @@ def tie_forked_children() -> None:
         _workers_hooked = True
 
 
+# torchrun sets this for the processes it launches (torch.distributed.elastic's worker env).
+_LAUNCHED_BY_TORCHRUN = "TORCHELASTIC_RUN_ID"
+
+
+def die_with_launcher() -> None:
+    """A rank launched by torchrun dies with torchrun.
+
+    The supervisor's SIGKILL-on-death reaches torchrun, but torchrun's own children would be
+    orphaned: they kept training (and writing heartbeats and checkpoints into the run dir) for
+    up to a collective timeout after their supervisor was killed, beside the next supervisor's
+    attempt. torchrun spawns its workers from its main thread, which lives as long as it does,
+    so PR_SET_PDEATHSIG is safe here.
+    """
+    if _LAUNCHED_BY_TORCHRUN not in os.environ or not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:  # torchrun died before we could ask: no signal will come
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def qualified_name(tp: type) -> str:
     mod = tp.__module__
     return tp.__qualname__ if mod in ("builtins", "__main__", None) else f"{mod}.{tp.__qualname__}"

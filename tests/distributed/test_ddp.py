@@ -161,6 +161,26 @@ def test_a_stop_of_a_one_rank_torchrun_is_preempted_not_crash(tmp_path: Path):
     assert events(rd, "stopped")[0]["saved"] is True
 
 
+def test_sigkill_of_the_supervisor_leaves_no_rank_behind(tmp_path: Path):
+    # The supervisor's death kills torchrun (PDEATHSIG); torchrun's death must kill its ranks,
+    # or they train on, orphaned, beside the next supervisor's attempt.
+    rd = tmp_path / "run"
+    sup = start_cli("--nproc-per-node", "2", "--run-dir", str(rd), *FAST, DDP_JOB, "--out-dir", str(tmp_path / "out"),
+                    "--epochs", "1000", "--step-sleep", "0.1")   # far longer than the test
+    try:
+        wait_until(lambda: all((heartbeat(rd, r) or {}).get("step", 0) >= 2 for r in (0, 1)), timeout=60,
+                   what="both ranks at step 2")
+        ranks = [heartbeat(rd, r)["pid"] for r in (0, 1)]
+        sup.kill()
+        sup.wait(30)
+        wait_until(lambda: not any(alive(pid) for pid in ranks), timeout=30, what="both ranks gone")
+    finally:
+        kill_group(sup)
+        for proc in psutil.process_iter(["cmdline"]):   # orphans of a failed run must not outlive it
+            if str(tmp_path) in " ".join(proc.info["cmdline"] or []):
+                proc.kill()
+
+
 def test_shim_collective_timeout_ends_the_attempt_instead_of_waiting_forever(reference: Path, tmp_path: Path):
     # The heartbeat timeout is long here: only the shim's own collective timeout (3 s) can end it.
     rd, out = recovered_run(tmp_path, "ctimeout", "--collective-timeout", "3", "--heartbeat-interval", "0.01",

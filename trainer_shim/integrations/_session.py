@@ -107,6 +107,7 @@ class Session:
         signals.install_stack_dumps(self.rd.stacks_file(os.getpid()))
         signals.install_excepthook(self._on_exception)
         signals.tie_forked_children()
+        signals.die_with_launcher()
         self._stopped = False
         self._hb_last = 0.0
         self._before_eval = Phase.STARTING.value
