@@ -17,6 +17,7 @@ import pytest
 from supervisor.config import build_config
 from supervisor.errors import ConfigError
 from supervisor.launch import ProcessFailure, parse_torchrun_failure, torchrun_command
+from tests.conftest import mounted_tmpfs
 from tests.distributed.common import DDP_JOB, FAST, assert_same_weights, recovered_run
 from tests.supervisor.helpers import alive, ended_kinds, events, heartbeat, kill_group, run_cli, start_cli, wait_until
 from trainer_shim import rundir
@@ -78,6 +79,20 @@ def test_sigkill_of_either_rank_over_attempts_is_bit_exact(reference: Path, tmp_
     assert sorted(f.name for f in (rd / "logs").glob("attempt-*.log")) == [f"attempt-000{n}.log" for n in (1, 2, 3, 4)]
     assert not [q for q in psutil.process_iter(["cmdline"]) if "trainer_shim.standby" in (q.info["cmdline"] or [])
                 and str(out) in " ".join(q.info["cmdline"])]
+
+
+def test_a_full_primary_root_sends_every_ranks_save_to_the_fallback_dir(reference: Path, tmp_path: Path):
+    # run/checkpoints is an 8 KiB tmpfs: a rank's write fails there (ENOSPC) and the same save,
+    # on every rank, goes to the fallback dir; the resume after a kill comes from there.
+    fb, rd = tmp_path / "fallback", tmp_path / "fb" / "run"
+    rundir.ensure_run_dir(rd)
+    with mounted_tmpfs(rd / "checkpoints", "size=8k,mode=0700"):
+        rd, out = recovered_run(tmp_path, "fb", "--fallback-dir", str(fb), faults="1:kill@13:0",
+                                kinds=["signal", "success"])
+        assert events(rd, "checkpoint_failed"), "the primary root should have failed at least once"
+        assert events(rd, "attempt_started")[1]["resume_from"] == str(fb / "checkpoints" / rundir.checkpoint_name(12))
+        assert not list(rundir.tmp_dirs(rd / "checkpoints")), "a failed save left its temporary dir"
+    assert_same_weights(out, reference / "out")
 
 
 def test_no_prestart_starts_every_attempt_cold(reference: Path, tmp_path: Path):

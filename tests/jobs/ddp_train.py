@@ -76,6 +76,7 @@ def main() -> None:
     ap.add_argument("--collective-timeout", type=float, default=60.0)
     ap.add_argument("--fsdp", action="store_true", help="FSDP2 fully_shard instead of DDP (sharded checkpoints)")
     ap.add_argument("--dump-restored", default=None, help="rank 0 writes the state restored by init() here")
+    ap.add_argument("--fallback-dir", default=None)
     args = ap.parse_args()
 
     dist.init_process_group("gloo")
@@ -108,7 +109,7 @@ def main() -> None:
 
     run = trainer_shim.init(model=model, optimizer=opt, scheduler=sched, run_dir=args.run_dir,
                             save_every_steps=args.save_every, collective_timeout=args.collective_timeout,
-                            heartbeat_interval=args.heartbeat_interval)
+                            heartbeat_interval=args.heartbeat_interval, fallback_dir=args.fallback_dir)
     if args.dump_restored:
         # Collective under FSDP: every rank gathers, rank 0 writes.
         sd = full_weights(model) if args.fsdp else net.state_dict()
