@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
@@ -63,14 +62,8 @@ class HeartbeatMonitor:
 
     def observe(self, now: float) -> None:
         """Read every rank's heartbeat and note which changed since the last look."""
-        try:
-            names = os.listdir(self.run_dir.heartbeats)
-        except OSError:
-            return
-        for name in names:
-            if not (name.startswith("rank-") and name.endswith(".json")):
-                continue
-            hb = read_heartbeat(self.run_dir.heartbeats / name)
+        for _, path in self.run_dir.heartbeat_files():
+            hb = read_heartbeat(path)
             if hb is None or hb.get("attempt") != self.attempt or not self.run_dir.owns_heartbeat(hb):
                 continue  # torn, left over from an earlier attempt, or another node's rank
             rank = hb.get("rank", 0) if isinstance(hb.get("rank"), int) else 0

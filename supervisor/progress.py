@@ -7,8 +7,9 @@ import dataclasses
 import datetime as _dt
 from typing import Optional
 
-from trainer_shim.rundir import EVENT_FIRST_STEP, RunDir
+from trainer_shim.rundir import EVENT_FIRST_STEP, Event, RunDir
 
+from .classify import Kind
 from .report import build_report
 
 __all__ = ["Progress", "progress_of", "format_progress", "CostCache"]
@@ -41,7 +42,8 @@ def progress_of(rd: RunDir, hb: Optional[dict], events: list[dict]) -> Progress:
         rate = (step - first["step"]) / (t_hb - t_first)
         if isinstance(total, int) and total >= step:
             eta = (total - step) / rate
-    failed = any(e.get("event") == "attempt_ended" and e.get("kind") not in ("success", None) for e in events)
+    failed = any(e.get("event") == Event.ATTEMPT_ENDED and e.get("kind") not in (Kind.SUCCESS.value, None)
+                 for e in events)
     goodput = build_report(rd).goodput if failed else None
     return Progress(step, total if isinstance(total, int) else None,
                     round(rate, 3) if rate else None, round(eta, 1) if eta is not None else None, goodput)

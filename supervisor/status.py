@@ -11,11 +11,12 @@ from pathlib import Path
 from typing import Any, Optional
 
 from trainer_shim.rundir import (
-    ContractError, InvalidCheckpoint, RunDir, RunState, checkpoint_roots, inspect_checkpoint, iter_checkpoint_dirs,
-    newest_valid, read_events, read_heartbeat, read_index, read_json,
+    MANIFEST_NAME, ContractError, Event, InvalidCheckpoint, RunDir, RunState, checkpoint_roots, inspect_checkpoint,
+    iter_checkpoint_dirs, newest_valid, read_events, read_heartbeat, read_index, read_json,
 )
 
 from . import procs
+from .classify import Kind
 from .config import DEFAULTS, Config
 from .errors import RunDirError
 from .heartbeat import allowance
@@ -109,12 +110,7 @@ class StatusReport:
 def _newest_heartbeat(rd: RunDir) -> tuple[Optional[dict], Optional[float]]:
     """Rank 0's heartbeat (else the stalest rank's) and its age by the file's mtime; of a node's ranks only, for a node."""
     best: tuple[Optional[dict], Optional[float]] = (None, None)
-    try:
-        names = sorted(os.listdir(rd.heartbeats))
-    except OSError:
-        return best
-    for name in names:
-        p = rd.heartbeats / name
+    for rank, p in rd.heartbeat_files():
         hb = read_heartbeat(p)
         if hb is None or not rd.owns_heartbeat(hb):
             continue
@@ -122,9 +118,9 @@ def _newest_heartbeat(rd: RunDir) -> tuple[Optional[dict], Optional[float]]:
             age = max(0.0, time.time() - p.stat().st_mtime)
         except OSError:
             continue
-        if name == "rank-0.json" or best[0] is None or (best[1] is not None and age > best[1]):
+        if rank == 0 or best[0] is None or (best[1] is not None and age > best[1]):
             best = (hb, age)
-            if name == "rank-0.json":
+            if rank == 0:
                 break
     return best
 
@@ -148,7 +144,7 @@ def read_status(rd: RunDir) -> StatusReport:
     last_failure = None
     events = read_events(rd)
     for ev in reversed(events):
-        if ev.get("event") == "attempt_ended" and ev.get("kind") not in ("success", None):
+        if ev.get("event") == Event.ATTEMPT_ENDED and ev.get("kind") not in (Kind.SUCCESS.value, None):
             last_failure = {"kind": ev.get("kind"), "exit_code": ev.get("exit_code"), "signal": ev.get("signal"),
                             "at": ev.get("time"), "attempt": ev.get("attempt")}
             break
@@ -156,7 +152,7 @@ def read_status(rd: RunDir) -> StatusReport:
     ckpt_age = None
     if latest is not None:
         try:
-            ckpt_age = max(0.0, time.time() - (latest.path / "MANIFEST.json").stat().st_mtime)
+            ckpt_age = max(0.0, time.time() - (latest.path / MANIFEST_NAME).stat().st_mtime)
         except OSError:
             pass
     try:

@@ -21,7 +21,7 @@ import math
 import os
 import sys
 import traceback
-from typing import Any, Optional
+from typing import Any
 
 from . import rundir
 from .rundir import DIVERGED_ERROR_TYPE, EXIT_DIVERGED, ON_NONFINITE_CHOICES, Event

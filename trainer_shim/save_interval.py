@@ -57,9 +57,9 @@ def mtbf_from_events(events: Iterable[dict], default_hours: float = DEFAULT_MTBF
         t = _ts(ev)
         if t is None:
             continue
-        if ev.get("event") == "attempt_started":
+        if ev.get("event") == rundir.Event.ATTEMPT_STARTED:
             started[ev.get("attempt")] = last_start = t
-        elif ev.get("event") == "attempt_ended":
+        elif ev.get("event") == rundir.Event.ATTEMPT_ENDED:
             t0 = started.pop(ev.get("attempt"), None)
             if t0 is not None:
                 run_s += max(0.0, t - t0)
