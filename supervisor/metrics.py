@@ -36,7 +36,7 @@ METRICS: dict[str, tuple[str, str]] = {
     "resilient_run_save_interval_seconds": ("gauge", "The trainer's current automatic (Young/Daly) save interval."),
     "resilient_run_goodput_ratio": ("gauge", "Useful training time / wall time (README: What failures cost)."),
     "resilient_run_lost_steps_total": ("counter", "Steps redone after restarts."),
-    "resilient_run_recovery_seconds": ("histogram", "Failure (attempt end) -> first step of the next attempt."),
+    "resilient_run_recovery_seconds": ("histogram", "Failure -> first step of the next attempt (detect, stop, spawn, restore, first step)."),
 }
 
 # Recovery takes seconds (a quick restart) to many minutes (a large restore after a node loss).

@@ -12,7 +12,7 @@ import datetime as _dt
 from collections import Counter
 from typing import Optional
 
-from trainer_shim.rundir import EVENT_FIRST_STEP, Event, RunDir, parse_checkpoint_name, read_events
+from trainer_shim.rundir import EVENT_FIRST_STEP, Event, RunDir, parse_checkpoint_name, read_events, read_index
 
 __all__ = ["AttemptCost", "RunReport", "build_report", "render_text", "render_png"]
 
@@ -38,12 +38,14 @@ class AttemptCost:
     resumed_from_step: int
     last_step: Optional[int]
     steps_redone: int
-    # Recovery from the failure that ended the previous attempt (None for the first one), seconds.
-    recover_detect_stop: Optional[float] = None   # failure -> attempt_ended: not in events yet (None)
+    # Recovery from the failure that ended the previous attempt (None for the first one), seconds;
+    # detect + stop + spawn + restore + first step = total.
+    recover_detect: Optional[float] = None        # failure -> the supervisor saw it (a hang: its timeout)
+    recover_stop: Optional[float] = None          # saw it -> every process of the attempt gone
     recover_spawn: Optional[float] = None         # previous attempt ended -> this one started
     recover_restore: Optional[float] = None       # started -> restore done (the shim's first_step event)
     recover_first_step: Optional[float] = None    # restore done -> first step
-    recover_total: Optional[float] = None         # previous attempt ended -> first step
+    recover_total: Optional[float] = None         # failure (else the previous end) -> first step
     saving_seconds: Optional[float] = None        # not recorded by the shim yet (None)
 
 
@@ -55,6 +57,7 @@ class RunReport:
     goodput: Optional[float]
     lost_steps: int
     restarts_by_kind: dict[str, int]
+    checkpoints: list[dict] = dataclasses.field(default_factory=list)   # {step, time, kind} of those on disk
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -77,25 +80,31 @@ def _by_attempt(events: list[dict]) -> dict[int, dict]:
     return {n: a for n, a in attempts.items() if "started" in a}
 
 
-def _recovery(c: AttemptCost, prev_end: Optional[float], t_start: float, fs: Optional[dict]) -> None:
-    if prev_end is None:
+def _recovery(c: AttemptCost, prev: Optional[dict], t_start: float, fs: Optional[dict]) -> None:
+    """The recovery of attempt `c` from `prev`, the previous attempt's attempt_ended event."""
+    if prev is None:
         return
+    prev_end = _t(prev["time"])
+    failed, detected = _t(prev.get("failure_time")), _t(prev.get("detected_time"))
     t_first = _t(fs["time"]) if fs else None
     t_restored = _t(fs.get("restored_time")) if fs else None
+    if failed is not None and detected is not None:
+        c.recover_detect = round(detected - failed, 3)
+        c.recover_stop = round(prev_end - detected, 3)
     c.recover_spawn = round(t_start - prev_end, 3)
     if t_restored is not None:
         c.recover_restore = round(t_restored - t_start, 3)
         if t_first is not None:
             c.recover_first_step = round(t_first - t_restored, 3)
     if t_first is not None:
-        c.recover_total = round(t_first - prev_end, 3)
+        c.recover_total = round(t_first - (failed if failed is not None else prev_end), 3)
 
 
 def build_report(rd: RunDir) -> RunReport:
     attempts = _by_attempt(read_events(rd))
     out: list[AttemptCost] = []
     useful, lost = 0.0, 0
-    prev_end: Optional[float] = None
+    prev: Optional[dict] = None
     for n in sorted(attempts):
         a = attempts[n]
         st, en, fs = a["started"], a.get("ended"), a.get("first")
@@ -108,12 +117,12 @@ def build_report(rd: RunDir) -> RunReport:
                         kind=en.get("kind") if en else None, evidence=en.get("evidence") if en else None,
                         resumed_from_step=resumed, last_step=last, steps_redone=redone)
         t_start, t_end = _t(st["time"]), _t(en["time"]) if en else None
-        _recovery(c, prev_end, t_start, fs)
+        _recovery(c, prev, t_start, fs)
         t_first = _t(fs["time"]) if fs else None
         if t_first is not None and t_end is not None and last is not None and last > resumed:
             # Training time of this attempt's steps that were not redone (steps assumed evenly paced).
             useful += (t_end - t_first) * max(0, last - redone - resumed) / (last - resumed)
-        prev_end = t_end
+        prev = en
         out.append(c)
     starts = [_t(a["started"]["time"]) for a in attempts.values()]
     ends = [_t(a["ended"]["time"]) for a in attempts.values() if "ended" in a]
@@ -121,20 +130,29 @@ def build_report(rd: RunDir) -> RunReport:
     kinds = Counter(c.kind for c in out[:-1] if c.kind and c.kind != "success")
     return RunReport(attempts=out, wall_seconds=round(wall, 3), useful_seconds=round(useful, 3),
                      goodput=round(useful / wall, 4) if wall > 0 else None, lost_steps=lost,
-                     restarts_by_kind=dict(kinds))
+                     restarts_by_kind=dict(kinds), checkpoints=_checkpoints(rd))
+
+
+def _checkpoints(rd: RunDir) -> list[dict]:
+    """The checkpoints the index lists (rotation removes the old ones), oldest first."""
+    out = []
+    for entry in read_index(rd).values():
+        if isinstance(entry, dict) and isinstance(entry.get("global_step"), int) and entry.get("timestamp"):
+            out.append({"step": entry["global_step"], "time": entry["timestamp"], "kind": entry.get("kind")})
+    return sorted(out, key=lambda c: c["step"])
 
 
 def render_text(rep: RunReport) -> str:
     def f(x: Optional[float]) -> str:
         return "-" if x is None else f"{x:.2f}s"
 
-    lines = [f"{'#':>3} {'kind':<12} {'resumed':>7} {'last':>6} {'redone':>6}  "
-             f"{'recover (spawn/restore/first step)':<36} evidence"]
+    head = "recover = detect/stop/spawn/restore/first step"
+    lines = [f"{'#':>3} {'kind':<12} {'resumed':>7} {'last':>6} {'redone':>6}  {head:<52} evidence"]
     for c in rep.attempts:
-        rec = "-" if c.recover_total is None else (
-            f"{f(c.recover_total)} ({f(c.recover_spawn)}/{f(c.recover_restore)}/{f(c.recover_first_step)})")
+        parts = (c.recover_detect, c.recover_stop, c.recover_spawn, c.recover_restore, c.recover_first_step)
+        rec = "-" if c.recover_total is None else f"{f(c.recover_total)} = " + "/".join(f(x) for x in parts)
         lines.append(f"{c.attempt:>3} {c.kind or 'running':<12} {c.resumed_from_step:>7} "
-                     f"{'-' if c.last_step is None else c.last_step:>6} {c.steps_redone:>6}  {rec:<36} "
+                     f"{'-' if c.last_step is None else c.last_step:>6} {c.steps_redone:>6}  {rec:<52} "
                      f"{(c.evidence or '')[:60]}")
     gp = "-" if rep.goodput is None else f"{rep.goodput:.1%}"
     kinds = ", ".join(f"{k} {v}" for k, v in sorted(rep.restarts_by_kind.items())) or "none"
@@ -144,7 +162,8 @@ def render_text(rep: RunReport) -> str:
 
 
 def render_png(rep: RunReport, path: str, width_px: int = 1200, height_px: int = 400) -> None:
-    """Timeline: attempts as bars coloured by outcome, failures marked; ImportError without matplotlib."""
+    """Timeline: attempts as bars coloured by outcome, failures (x) and checkpoints (|) marked;
+    ImportError without matplotlib."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -160,9 +179,19 @@ def render_png(rep: RunReport, path: str, width_px: int = 1200, height_px: int =
         ax.barh(c.attempt, max(e - s, 0.01), left=s, color=colours.get(c.kind, "tab:red"))
         if c.kind not in ("success", None):
             ax.plot([e], [c.attempt], marker="x", color="black", markersize=10)
+    for ck in rep.checkpoints:
+        at = _t(ck["time"]) - t0
+        row = next((c.attempt for c in rep.attempts if _t(c.start) - t0 <= at <= ((_t(c.end) - t0) if c.end else at)),
+                   None)
+        if row is not None:  # a checkpoint committed by an attempt, on that attempt's bar
+            ax.plot([at], [row + 0.45], marker="v", color="navy", markersize=7)
     gp = "-" if rep.goodput is None else f"{rep.goodput:.1%}"
-    ax.set_title(f"goodput {gp}, lost steps {rep.lost_steps}")
+    restarts = sum(rep.restarts_by_kind.values())
+    ax.set_title(f"goodput {gp}, lost steps {rep.lost_steps}, {restarts} restart(s)")
     ax.set_xlabel("seconds since the first attempt")
-    ax.set_ylabel("attempt")
+    ax.set_yticks([c.attempt for c in rep.attempts], [f"{c.attempt} {c.kind or 'running'}" for c in rep.attempts])
+    ax.plot([], [], "x", color="black", label="failure")
+    ax.plot([], [], "v", color="navy", label="checkpoint")
+    ax.legend(loc="upper left", fontsize="small")
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -39,7 +39,7 @@ def test_figures_match_the_events(faulted_run):
     assert [a["kind"] for a in rep["attempts"]] == ["signal", "crash", "success"]
     assert [a["resumed_from_step"] for a in rep["attempts"]] == [0, 5, 10]
     assert a2["last_step"] == 11 and a2["steps_redone"] == 1 and a3["last_step"] == 12 and a3["steps_redone"] == 0
-    assert a1["steps_redone"] == a1["last_step"] - 5
+    assert a1["last_step"] == 7 and a1["steps_redone"] == 2   # the step mark: killed right after step 7
     assert rep["lost_steps"] == a1["steps_redone"] + 1
     assert rep["restarts_by_kind"] == {"signal": 1, "crash": 1}
     started = {e["attempt"]: e for e in events(faulted_run, "attempt_started")}
@@ -47,10 +47,13 @@ def test_figures_match_the_events(faulted_run):
     first = {e["attempt"]: e for e in events(faulted_run, "first_step")}
     assert rep["wall_seconds"] == pytest.approx(_t(ended[3]["time"]) - _t(started[1]["time"]), abs=2e-3)
     for n, a in ((2, a2), (3, a3)):
-        assert a["recover_spawn"] == pytest.approx(_t(started[n]["time"]) - _t(ended[n - 1]["time"]), abs=2e-3)
-        assert a["recover_total"] == pytest.approx(_t(first[n]["time"]) - _t(ended[n - 1]["time"]), abs=2e-3)
-        assert a["recover_spawn"] + a["recover_restore"] + a["recover_first_step"] == pytest.approx(
-            a["recover_total"], abs=5e-3)
+        prev = ended[n - 1]
+        assert a["recover_detect"] == pytest.approx(_t(prev["detected_time"]) - _t(prev["failure_time"]), abs=2e-3)
+        assert a["recover_stop"] == pytest.approx(_t(prev["time"]) - _t(prev["detected_time"]), abs=2e-3)
+        assert a["recover_spawn"] == pytest.approx(_t(started[n]["time"]) - _t(prev["time"]), abs=2e-3)
+        assert a["recover_total"] == pytest.approx(_t(first[n]["time"]) - _t(prev["failure_time"]), abs=2e-3)
+        parts = ("recover_detect", "recover_stop", "recover_spawn", "recover_restore", "recover_first_step")
+        assert sum(a[k] for k in parts) == pytest.approx(a["recover_total"], abs=8e-3)
     assert a1["recover_total"] is None
     assert 0 < rep["goodput"] < 1 and rep["useful_seconds"] < rep["wall_seconds"]
 
@@ -70,6 +73,8 @@ def test_text_and_png(faulted_run, tmp_path):
     red = ((img[..., 0] > 0.7) & (img[..., 1] < 0.3)).sum()
     green = ((img[..., 1] > 0.4) & (img[..., 0] < 0.3)).sum()
     assert red > 100 and green > 100  # failed attempts red, the successful one green
+    navy = ((img[..., 2] > 0.4) & (img[..., 0] < 0.1) & (img[..., 1] < 0.1)).sum()
+    assert navy > 20 * len(json.loads(run_cli("report", "--json", str(faulted_run)).stdout)["checkpoints"])
 
 
 def test_status_progress_and_metrics(faulted_run):
