@@ -83,8 +83,6 @@ class Supervisor:
         self._last_retry = 0.0
         self._started_at = now_iso()
 
-    # --- public ------------------------------------------------------------------------------
-
     def run(self) -> int:
         """Supervise until done; returns the exit code. Cleanup always runs."""
         try:
@@ -168,10 +166,11 @@ class Supervisor:
 
     def _next_wakeup(self, now: float) -> float:
         t = now + 2.0  # timer fallback: heartbeat files on NFS raise no inotify events
-        if self.attempt is not None:
-            t = min(t, self.attempt.monitor.next_deadline(now) + 0.01)
-            if self.stop_deadline is not None:
-                t = min(t, self.stop_deadline)
+        a = self.attempt
+        if a is not None:   # while a crashed rank's launcher tears down, silence is not judged
+            crashed = a.rank_crashed_at
+            t = min(t, crashed + self.config.grace_period if crashed else a.monitor.next_deadline(now) + 0.01,
+                    self.stop_deadline or t)
         if self.restart_at is not None:
             t = min(t, self.restart_at)
         if self.notifier.watchdog_interval:
@@ -210,7 +209,7 @@ class Supervisor:
                 self.attempt.kill(0, self._tick)
             return
         stale = a.monitor.verdict(now)
-        if stale is not None:
+        if stale is not None and not a.tearing_down(self.rd, now, self.config.grace_period):
             # A hang happened when the rank's heartbeat last changed; a start-up timeout at the start.
             since = a.monitor.tracks[stale.rank].changed_at if stale.rank in a.monitor.tracks else a.started
             a.mark_failure(failed_at=time.time() - (now - since))

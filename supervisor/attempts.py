@@ -49,6 +49,7 @@ class Attempt:
     resumed_from: Optional[str] = None
     resumed_known: bool = False         # a heartbeat past `starting` said what it really loaded
     peak_rss: int = 0                   # the largest summed RSS of the process tree seen so far
+    rank_crashed_at: Optional[float] = None   # monotonic: when a rank's error file was first seen
     failed_at: Optional[float] = None   # wall clock: best estimate of when the failure happened
     detected_at: Optional[float] = None  # wall clock: when the supervisor saw it and began to stop it
 
@@ -97,6 +98,17 @@ class Attempt:
         """The main process and every rank whose heartbeat pid is in our process tree (not a reused pid)."""
         ours = {p.pid for p in procs.tree(self.child.pid)}
         return {self.child.pid} | {int(t.record["pid"]) for t in self.monitor.tracks.values() if t.record.get("pid") in ours}
+
+    def tearing_down(self, rd: RunDir, now: float, grace: float) -> bool:
+        """Whether a silent rank is excused: another rank crashed (it wrote its error file) and the
+        launcher is still ending the others, for up to `grace` seconds. A survivor blocked in a
+        collective with the dead rank looks hung, but the crash is what happened; torch and gloo
+        teardown took over 5 s on a loaded box. Checked only once a rank is silent (a listdir)."""
+        if self.rank_crashed_at is None:
+            if not rd.rank_error_files(self.number):
+                return False
+            self.rank_crashed_at = now
+        return now - self.rank_crashed_at < grace
 
     def mark_failure(self, failed_at: Optional[float] = None) -> None:
         """Record detection now (first call wins); `failed_at` defaults to now: an exit is seen at once."""
