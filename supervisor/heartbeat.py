@@ -11,7 +11,9 @@ from trainer_shim.rundir import Phase, RunDir, read_heartbeat
 
 from .config import Config
 
-__all__ = ["allowance", "Stale", "HeartbeatMonitor", "HeartbeatEvents"]
+__all__ = ["allowance", "Stale", "HeartbeatMonitor", "HeartbeatEvents", "EXIT_FLOOR_S"]
+
+EXIT_FLOOR_S = 15.0   # the least a process whose work is committed gets to exit
 
 
 def allowance(phase: Optional[str], config: Config) -> float:
@@ -24,11 +26,12 @@ def allowance(phase: Optional[str], config: Config) -> float:
         return max(config.heartbeat_timeout, config.startup_timeout)
     if phase == Phase.SAVING.value:
         return max(config.heartbeat_timeout, config.save_timeout)
-    if phase == Phase.FINISHED.value:
-        # The final checkpoint is committed; interpreter, process-group and DataLoader teardown
-        # may take seconds on a loaded box. Give it the time a stopping process gets, never more
-        # than that: a process that never exits must still not hold the job forever.
-        return max(config.heartbeat_timeout, config.grace_period)
+    if phase in (Phase.FINISHED.value, Phase.STOPPING.value):
+        # The final (or preempt) checkpoint is committed; only the exit is left, and interpreter,
+        # process-group and DataLoader teardown take seconds on a loaded box (a bare `import
+        # torch` took 1.1 s to exit under load 5 here). Nothing is at risk while it exits, so it
+        # gets at least EXIT_FLOOR_S; a process that never exits must still not hold the job forever.
+        return max(config.heartbeat_timeout, config.grace_period, EXIT_FLOOR_S)
     return config.heartbeat_timeout
 
 
