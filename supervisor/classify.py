@@ -85,6 +85,9 @@ def classify(f: AttemptFacts) -> tuple[Kind, str]:
     if f.ranks_stopped and f.returncode is not None and f.returncode > 0:
         # torchrun, itself SIGTERMed, exits 1 even when every rank saved and exited 75.
         return Kind.PREEMPTED, f"exit code {f.exit_code} from torchrun; {f.ranks_stopped}"
+    if f.ranks_stopped and f.signal is not None and f.stop_requested:
+        # Saved and exiting when the grace period ran out: the preempt checkpoint is committed.
+        return Kind.PREEMPTED, f"{f.ranks_stopped}; killed by {_signame(f.signal)} while exiting"
     if f.returncode == EXIT_DIVERGED or (f.error is not None and f.error.type == DIVERGED_ERROR_TYPE):
         return Kind.DIVERGED, f"exit code {f.exit_code}; " + (f.error.message[:200] if f.error else "non-finite loss")
     if f.error is not None and is_cuda_oom(f.error):

@@ -3,7 +3,8 @@
 FAKE_PLAN="ATTEMPT:ACTION,..." picks what attempt N does after FAKE_STEPS steps of
 FAKE_STEP_S seconds: ok (exit 0), exitN, kill (SIGKILL self), hang (stop beating, sleep),
 silent (never beat at all), alloc (allocate until OOM-killed), oomerr (write a CUDA OOM error file, exit 1), sigterm-aware
-stopping is built in (SIGTERM -> heartbeat phase stopping, exit 75). Unlisted attempts run ok.
+stopping is built in (SIGTERM -> heartbeat phase stopping, exit 75; with FAKE_EXIT_HANGS=1 it never
+exits after that). Unlisted attempts run ok.
 Like the shim, it sets its step mark on every step; FAKE_BEAT_EVERY=N (default 1) beats only on
 step 1 and every N-th step, so the last heartbeat's step can lag the step really reached.
 """
@@ -49,6 +50,8 @@ for step in range(1, steps + 1):
         beat(step)
     if stop:
         beat(step, rundir.Phase.STOPPING)
+        while os.environ.get("FAKE_EXIT_HANGS"):  # saved, then stuck in its teardown
+            time.sleep(3600)
         sys.exit(rundir.EXIT_PREEMPTED)
     time.sleep(step_s)
 if action.startswith("exit"):

@@ -131,6 +131,20 @@ def test_second_supervisor_is_refused_and_stop_exits_75(run_dir):
         kill_group(p)
 
 
+def test_a_trainer_that_saved_but_hangs_in_its_exit_is_killed_and_counts_as_saved(run_dir):
+    env = sup_env(FAKE_STEPS="100000", FAKE_STEP_S="0.05", FAKE_EXIT_HANGS="1")
+    p = start_cli("--run-dir", str(run_dir), "--grace-period", "1", FAKE_JOB, env=env)
+    try:
+        wait_until(lambda: heartbeat(run_dir), what="first heartbeat")
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(30) == 75
+    finally:
+        kill_group(p)
+    ended = events(run_dir, "attempt_ended")[0]
+    assert ended["kind"] == "preempted" and "killed by SIGKILL while exiting" in ended["evidence"], ended
+    assert events(run_dir, "stopped")[0]["saved"] is True
+
+
 def test_sigkill_of_supervisor_takes_the_trainer_down(run_dir):
     p = start_cli("--run-dir", str(run_dir), FAKE_JOB, env=sup_env(FAKE_STEPS="100000", FAKE_STEP_S="0.05"))
     try:
