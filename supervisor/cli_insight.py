@@ -8,7 +8,10 @@ from typing import List, Optional
 
 import typer
 
+from . import render
 from .errors import EXIT_USAGE, ConfigError
+from .jobspec import command_mode, resolve_job
+from .messages import say
 from .status import open_run_dir
 
 __all__ = ["register"]
@@ -39,22 +42,10 @@ def doctor(
         raise ConfigError(f"--steps must be positive, got {steps}")
     points = _parse_steps(kill_at)
     tokens = list(job)
-    argv = cli._argv
-    command_mode = len(argv) > len(tokens) and argv[len(argv) - len(tokens) - 1] == "--"
-    spec = cli.resolve_job(tokens, command_mode)
+    spec = resolve_job(tokens, command_mode(cli._argv, tokens))
     res = run_doctor([spec["script"], *spec["args"]] if "script" in spec else ["--", *spec["command"]],
                      steps=steps, kill_at=points, keep=keep)
-    if as_json:
-        typer.echo(json.dumps(res.to_json(), indent=2))
-    elif res.error:
-        typer.echo(f"doctor failed: {res.error}")
-    elif res.exact:
-        typer.echo(f"exact: final weights and every step's loss equal across {res.interruptions} interruptions")
-    else:
-        d = res.divergence
-        assert d is not None
-        typer.echo(f"not exact: {d.message}")
-        typer.echo(f"fix: {d.fix}")
+    typer.echo(json.dumps(res.to_json(), indent=2) if as_json else render.doctor_text(res))
     raise typer.Exit(res.exit_code)
 
 
@@ -72,7 +63,7 @@ def report(
         try:
             render_png(rep, str(png))
         except ImportError:
-            typer.echo("resilient-run: error: --png needs matplotlib; pip install 'resilient-run[report]'", err=True)
+            say("error: --png needs matplotlib; pip install 'resilient-run[report]'")
             raise typer.Exit(EXIT_USAGE) from None
 
 

@@ -7,9 +7,8 @@ import dataclasses
 import datetime as _dt
 from typing import Optional
 
-from trainer_shim.rundir import EVENT_FIRST_STEP, Event, RunDir
+from trainer_shim.rundir import EVENT_FIRST_STEP, RunDir
 
-from .classify import Kind
 from .report import build_report
 
 __all__ = ["Progress", "progress_of", "format_progress", "CostCache"]
@@ -31,7 +30,8 @@ class Progress:
     goodput: Optional[float]        # only once an attempt has failed (README "What failures cost")
 
 
-def progress_of(rd: RunDir, hb: Optional[dict], events: list[dict]) -> Progress:
+def progress_of(rd: RunDir, hb: Optional[dict], events: list[dict], *, failed: bool) -> Progress:
+    """Progress from the newest heartbeat; goodput only once an attempt has `failed` (a requested stop is no failure)."""
     step = hb.get("step") if hb else None
     total = hb.get("total_steps") if hb else None
     rate = eta = None
@@ -42,8 +42,6 @@ def progress_of(rd: RunDir, hb: Optional[dict], events: list[dict]) -> Progress:
         rate = (step - first["step"]) / (t_hb - t_first)
         if isinstance(total, int) and total >= step:
             eta = (total - step) / rate
-    failed = any(e.get("event") == Event.ATTEMPT_ENDED and e.get("kind") not in (Kind.SUCCESS.value, None)
-                 for e in events)
     goodput = build_report(rd).goodput if failed else None
     return Progress(step, total if isinstance(total, int) else None,
                     round(rate, 3) if rate else None, round(eta, 1) if eta is not None else None, goodput)

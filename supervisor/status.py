@@ -92,6 +92,8 @@ class StatusReport:
     disk_free_bytes: Optional[int] = None
     save_interval_s: Optional[float] = None   # the shim's current save_every_seconds="auto" interval
     progress: Optional[Progress] = None
+    supervisor_alive: bool = False
+    stop: Optional[dict] = None   # a requested stop that ended the run: {"attempt", "saved", "step"}
 
     @property
     def healthy(self) -> bool:
@@ -99,7 +101,7 @@ class StatusReport:
 
     def to_json(self) -> dict:
         keys = ("state", "supervisor_pid", "child_pid", "attempt", "restarts", "heartbeat_age_s", "step",
-                "epoch", "loss", "last_failure", "latest_checkpoint", "save_interval_s")
+                "epoch", "loss", "last_failure", "latest_checkpoint", "save_interval_s", "stop")
         out = {k: getattr(self, k) for k in keys}
         if self.progress is not None:
             out.update(total_steps=self.progress.total_steps, steps_per_s=self.progress.steps_per_s,
@@ -141,13 +143,8 @@ def read_status(rd: RunDir) -> StatusReport:
     fresh = False
     if hb is not None and age is not None and hb.get("attempt") == state.get("attempt"):
         fresh = age <= allowance(hb.get("phase"), cfg)
-    last_failure = None
     events = read_events(rd)
-    for ev in reversed(events):
-        if ev.get("event") == Event.ATTEMPT_ENDED and ev.get("kind") not in (Kind.SUCCESS.value, None):
-            last_failure = {"kind": ev.get("kind"), "exit_code": ev.get("exit_code"), "signal": ev.get("signal"),
-                            "at": ev.get("time"), "attempt": ev.get("attempt")}
-            break
+    last_failure = _last_failure(events)
     latest = newest_valid(checkpoint_roots(rd))
     ckpt_age = None
     if latest is not None:
@@ -169,8 +166,40 @@ def read_status(rd: RunDir) -> StatusReport:
         phase=hb.get("phase") if hb else None, heartbeat_fresh=fresh,
         checkpoint_age_s=round(ckpt_age, 3) if ckpt_age is not None else None, disk_free_bytes=free,
         save_interval_s=hb.get("save_interval_s") if hb else None,
-        progress=progress_of(rd, hb, events),
+        progress=progress_of(rd, hb, events, failed=last_failure is not None),
+        supervisor_alive=sup_alive,
+        stop=_stop(events) if recorded == RunState.STOPPED else None,
     )
+
+
+# What the supervisor writes after an attempt_ended: the first of these says how that attempt's end was taken.
+_OUTCOMES = (Event.ATTEMPT_STARTED, Event.RESTARTING, Event.STOPPED, Event.FINISHED, Event.GAVE_UP)
+
+
+def _ended_by_stop(events: list[dict], i: int) -> bool:
+    """Whether the attempt_ended at events[i] was the requested stop (its next outcome is `stopped`)."""
+    nxt = next((e.get("event") for e in events[i + 1:] if e.get("event") in _OUTCOMES), None)
+    return nxt == Event.STOPPED
+
+
+def _last_failure(events: list[dict]) -> Optional[dict]:
+    """The newest attempt that failed; an attempt ended by a requested stop did not fail, whatever
+    its exit looked like (75 after its preempt save)."""
+    for i in range(len(events) - 1, -1, -1):
+        ev = events[i]
+        if ev.get("event") == Event.ATTEMPT_ENDED and ev.get("kind") not in (Kind.SUCCESS.value, None) \
+                and not _ended_by_stop(events, i):
+            return {"kind": ev.get("kind"), "exit_code": ev.get("exit_code"), "signal": ev.get("signal"),
+                    "at": ev.get("time"), "attempt": ev.get("attempt")}
+    return None
+
+
+def _stop(events: list[dict]) -> Optional[dict]:
+    """The requested stop that ended the run: its attempt, whether the trainer saved, at which step."""
+    ev = next((e for e in reversed(events) if e.get("event") == Event.STOPPED), None)
+    if ev is None:
+        return None
+    return {"attempt": ev.get("attempt"), "saved": ev.get("saved"), "step": ev.get("step")}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,6 +8,8 @@ import time
 
 import psutil
 
+from supervisor import render
+from supervisor.status import open_run_dir, read_status
 from tests.supervisor.helpers import (
     ended_kinds, events, heartbeat, kill_group, run_cli, start_cli, supervisor_state, wait_until,
 )
@@ -42,6 +44,9 @@ def test_sigterm_to_supervisor_loses_no_step_exits_75_and_rerun_is_bit_exact(tmp
     newest = max(int(d.name.split("-")[1]) for d in (run_dir / "checkpoints").glob("step-*"))
     assert newest == hb["step"]  # zero lost steps: the preempt checkpoint is at the last beat's step
     assert events(run_dir, "stopped")[0]["saved"] is True
+    shown = dict(render.status_rows(read_status(open_run_dir(run_dir))))  # what `status` prints now
+    assert shown["state"] == f"stopped (resumable, checkpoint step {newest})", shown
+    assert shown["last failure"] == "-" and shown["phase"] == "exited (last heartbeat: stopping)", shown
     assert_no_survivors(run_dir, str(out))
     r = run_cli("--run-dir", str(run_dir), *FAST, TOY, *JOB, "--out", str(out), timeout=180)
     assert r.returncode == 0, r.stderr[-3000:]

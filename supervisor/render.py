@@ -1,0 +1,239 @@
+"""How the CLI shows things: plain functions from reports to text and rich tables (tests call them).
+
+Nothing here reads the run dir or decides anything; `status.py` says what is true, this module
+says it to a human.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Optional
+
+from trainer_shim.rundir import RunDir, RunState
+
+from .progress import format_progress
+from .status import CheckpointRow, StatusReport
+
+__all__ = ["fmt_age", "fmt_ago", "fmt_bytes", "title", "describe_state", "describe_phase", "describe_progress", "status_rows",
+           "status_table", "checkpoint_cells", "checkpoints_table", "watch", "stop_summary", "doctor_text"]
+
+# The checkpoints table's columns, most important first: at a narrow terminal the last ones go
+# first; the name (the key a user copies into `export` or RESILIENT_RESUME_FROM) is never dropped.
+CHECKPOINT_COLUMNS = ("name", "status", "step", "created", "kind", "epoch", "size", "loss", "batch")
+_RIGHT = ("step", "epoch", "batch", "loss", "size")
+_STATUS_MIN = 10   # the status column wraps (INVALID: reason) but keeps at least this width
+
+
+def fmt_age(s: Optional[float]) -> str:
+    if s is None:
+        return "-"
+    if s < 120:
+        return f"{s:.1f}s"
+    if s < 7200:
+        return f"{s / 60:.1f}m"
+    return f"{s / 3600:.1f}h"
+
+
+def fmt_ago(iso: Optional[str], now: Optional[float] = None) -> str:
+    """An ISO timestamp as a short relative age: `12s ago`, `3m ago`, `5h ago`, `2d ago`."""
+    try:
+        t = _dt.datetime.fromisoformat(iso).timestamp() if iso else None
+    except (TypeError, ValueError):
+        t = None
+    if t is None:
+        return "-"
+    s = max(0.0, (time.time() if now is None else now) - t)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= size:
+            return f"{int(s // size)}{unit} ago"
+    return f"{int(s)}s ago"
+
+
+def fmt_bytes(n: Optional[float]) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def title(rd: RunDir, rate: str = "") -> str:
+    return f"resilient-run {rd.root}" + ("" if rd.node is None else f" node {rd.node}") + rate
+
+
+def describe_state(rep: StatusReport) -> str:
+    """The state, and for a requested stop what a rerun will do: `stopped (resumable, checkpoint step N)`."""
+    if rep.state != RunState.STOPPED:
+        return rep.state
+    ck = rep.latest_checkpoint
+    saved = rep.stop is None or rep.stop.get("saved") is not False
+    if ck is None:
+        return "stopped (no checkpoint; a rerun starts from scratch)"
+    return f"stopped (resumable, checkpoint step {ck['step']}" + ("" if saved else "; the trainer did not save at the stop") + ")"
+
+
+def describe_phase(rep: StatusReport) -> str:
+    """The trainer's phase; once the supervisor is gone its trainer is too, whatever the last beat said."""
+    if rep.supervisor_alive:
+        return rep.phase or "-"
+    return f"exited (last heartbeat: {rep.phase})" if rep.phase else "-"
+
+
+def describe_progress(rep: StatusReport) -> str:
+    """`step 1,234 / 10,000 (12.3%), ...`; no ETA once no supervisor runs the job (nothing will arrive)."""
+    if rep.progress is None:
+        return "-"
+    return format_progress(rep.progress if rep.supervisor_alive else dataclasses.replace(rep.progress, eta_s=None))
+
+
+def _or_dash(v: Any) -> str:
+    return "-" if v is None else str(v)
+
+
+def status_rows(rep: StatusReport) -> list[tuple[str, str]]:
+    """The `status` table as (label, value) rows."""
+    lf, ck = rep.last_failure, rep.latest_checkpoint
+    sup = _or_dash(rep.supervisor_pid) + ("" if rep.supervisor_alive or rep.supervisor_pid is None else " (exited)")
+    stale = "" if rep.heartbeat_fresh or rep.heartbeat_age_s is None else " (stale)"
+    rows = [
+        ("state", describe_state(rep)), ("attempt", str(rep.attempt or "-")), ("restarts", _or_dash(rep.restarts)),
+        ("supervisor pid", sup), ("trainer pid", str(rep.child_pid or "-")),
+        ("phase", describe_phase(rep)), ("step", _or_dash(rep.step)),
+        ("progress", describe_progress(rep)),
+        ("epoch", _or_dash(rep.epoch)),
+        ("loss", f"{rep.loss:.6g}" if isinstance(rep.loss, (int, float)) else "-"),
+        ("heartbeat age", fmt_age(rep.heartbeat_age_s) + stale),
+        ("last failure", f"{lf['kind']} (attempt {lf['attempt']}, {lf['at']})" if lf else "-"),
+        ("latest checkpoint", f"{Path(ck['path']).name} (step {ck['step']}, {fmt_age(rep.checkpoint_age_s)} ago)" if ck else "-"),
+        ("disk free", fmt_bytes(rep.disk_free_bytes)),
+    ]
+    if rep.save_interval_s is not None:
+        rows.append(("save interval", f"{fmt_age(rep.save_interval_s)} (auto)"))
+    return rows
+
+
+def status_table(rep: StatusReport, heading: str):  # noqa: ANN201 - a rich Table
+    from rich.table import Table
+
+    t = Table(title=heading, show_header=False, box=None, pad_edge=False)
+    t.add_column(style="bold")
+    t.add_column()
+    for k, v in status_rows(rep):
+        t.add_row(k, v)
+    return t
+
+
+def checkpoint_cells(r: CheckpointRow, verify: bool, now: Optional[float] = None) -> dict[str, str]:
+    """One checkpoint's cells by column name."""
+    flags = [f for f, on in (("latest", r.is_latest), ("best", r.is_best), ("inexact", r.exact is False)) if on]
+    st = ("ok" if not verify else "verified") if r.problem is None else f"INVALID: {r.problem}"
+    return {
+        "name": r.name, "step": str(r.step), "epoch": _or_dash(r.epoch), "batch": _or_dash(r.batch_in_epoch),
+        "kind": r.kind or "-", "loss": f"{r.loss:.6g}" if isinstance(r.loss, (int, float)) else "-",
+        "size": fmt_bytes(r.size_bytes), "created": fmt_ago(r.created_at, now),
+        "status": st + (f" ({', '.join(flags)})" if flags else ""),
+    }
+
+
+def _fitting_columns(cells: Sequence[dict[str, str]], width: int) -> list[str]:
+    """The columns that fit `width` (one space between columns), dropping the least important first."""
+    def need(col: str) -> int:
+        w = max([len(col)] + [len(c[col]) for c in cells])
+        return min(w, _STATUS_MIN) if col == "status" else w
+
+    cols = list(CHECKPOINT_COLUMNS)
+    while len(cols) > 1 and sum(map(need, cols)) + len(cols) - 1 > width:
+        cols.pop()
+    return cols
+
+
+def checkpoints_table(rows: Sequence[CheckpointRow], verify: bool, width: int, now: Optional[float] = None):  # noqa: ANN201
+    """The `checkpoints` listing for a terminal `width` columns wide; the name is never cut."""
+    from rich.table import Table
+
+    cells = [checkpoint_cells(r, verify, now) for r in rows]
+    cols = _fitting_columns(cells, width)
+    t = Table(box=None, header_style="bold", pad_edge=False, padding=(0, 1, 0, 0), collapse_padding=True)
+    for col in cols:
+        fixed = col != "status"
+        w = max([len(col)] + [len(c[col]) for c in cells])
+        t.add_column(col, justify="right" if col in _RIGHT else "left", no_wrap=fixed,
+                     min_width=w if fixed else _STATUS_MIN, overflow="fold")
+    for c in cells:
+        t.add_row(*(c[col] for col in cols))
+    return t
+
+
+def stop_summary(where: str, rep: StatusReport) -> str:
+    """`stop`'s closing line: what state the run was left in."""
+    return f"stopped {where}: state {describe_state(rep)}" + (
+        f", latest checkpoint {rep.latest_checkpoint['path']}" if rep.latest_checkpoint else "")
+
+
+def watched_rate(prev: dict, rd: RunDir, rep: StatusReport, now: Optional[float] = None) -> str:
+    """Steps/s between two refreshes (for jobs whose heartbeats give no pace of their own)."""
+    now, rate = time.monotonic() if now is None else now, ""
+    if rep.step is not None:
+        last = prev.get(rd.node)
+        if last is not None and now > last[0] and rep.step >= last[1]:
+            rate = f", {(rep.step - last[1]) / (now - last[0]):.2f} steps/s"
+        prev[rd.node] = (now, rep.step)
+    return rate
+
+
+def watch_line(rd: RunDir, rep: StatusReport, rate: str) -> str:
+    """One plain `--watch` line (output to a pipe or a log file)."""
+    line = describe_progress(rep)
+    return (f"{time.strftime('%H:%M:%S')} {title(rd)}: {describe_state(rep)}, attempt {rep.attempt or '-'}, "
+            f"{line}{rate if 'steps/s' not in line else ''}")
+
+
+def _watch_plain(parts: Sequence[RunDir], interval: float, read: Callable[[RunDir], StatusReport]) -> None:
+    prev: dict[Optional[int], tuple[float, int]] = {}
+    try:
+        while True:
+            for rd in parts:
+                rep = read(rd)
+                print(watch_line(rd, rep, watched_rate(prev, rd, rep)), flush=True)
+            time.sleep(interval)
+    except (KeyboardInterrupt, BrokenPipeError):
+        pass
+
+
+def watch(parts: Sequence[RunDir], interval: float, read: Callable[[RunDir], StatusReport]) -> None:
+    """`status --watch`: refresh every `interval` s until interrupted (a live table on a terminal)."""
+    from rich.console import Group
+    from rich.live import Live
+
+    if not sys.stdout.isatty():  # a pipe or a log file: one plain line per run dir per interval
+        _watch_plain(parts, interval, read)
+        return
+    prev: dict[Optional[int], tuple[float, int]] = {}
+    try:
+        with Live(refresh_per_second=4, screen=False) as live:
+            while True:
+                tables = []
+                for rd in parts:
+                    rep = read(rd)
+                    tables.append(status_table(rep, title(rd, watched_rate(prev, rd, rep))))
+                live.update(Group(*tables))
+                time.sleep(interval)
+    except KeyboardInterrupt:
+        pass
+
+
+def doctor_text(res) -> str:  # noqa: ANN001 - a doctor.DoctorResult
+    """`doctor`'s verdict: exact, or where the resumed run diverged and how to fix it."""
+    if res.error:
+        return f"doctor failed: {res.error}"
+    if res.exact:
+        return f"exact: final weights and every step's loss equal across {res.interruptions} interruptions"
+    d = res.divergence
+    return f"not exact: {d.message}\nfix: {d.fix}" if d is not None else "not exact"

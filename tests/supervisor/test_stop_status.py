@@ -1,0 +1,67 @@
+"""A requested stop as `status` and `stop` show it: stopped and resumable, not a failure, no live phase."""
+
+from __future__ import annotations
+
+import json
+
+from supervisor import render
+from supervisor.status import open_run_dir, read_status
+from tests.conftest import JOBS
+
+from .helpers import FAKE_JOB, events, heartbeat, kill_group, run_cli, start_cli, sup_env, wait_until
+
+TOY = str(JOBS / "toy_train.py")
+
+
+def _rows(out: str) -> dict[str, str]:
+    """`status`'s table as {label: value} (labels are the known row names, values the rest of the line)."""
+    rows = {}
+    for line in out.splitlines():
+        for label in ("state", "phase", "last failure", "supervisor pid"):
+            if line.startswith(label + " "):
+                rows[label] = line[len(label):].strip()
+    return rows
+
+
+def test_stop_then_status_says_stopped_resumable_not_preempted(run_dir):
+    p = start_cli("--run-dir", str(run_dir), "--heartbeat-timeout", "30", TOY, "--epochs", "50", "--save-every", "4",
+                  "--step-sleep", "0.05")
+    try:
+        wait_until(lambda: (heartbeat(run_dir) or {}).get("step", 0) >= 6, timeout=90, what="step 6")
+        stop = run_cli("stop", str(run_dir), timeout=120)
+        assert stop.returncode == 0, stop.stderr
+        assert p.wait(60) == 75
+    finally:
+        kill_group(p)
+    [stopped] = events(run_dir, "stopped")
+    assert stopped["saved"] is True
+    want = f"stopped (resumable, checkpoint step {stopped['step']})"
+    assert want in stop.stderr, stop.stderr
+    st = run_cli("status", str(run_dir))
+    assert st.returncode == 1, st.stdout  # not running: a monitor must not call it healthy
+    rows = _rows(st.stdout)
+    assert rows["state"] == want, st.stdout
+    assert rows["last failure"] == "-", st.stdout
+    assert rows["phase"] == "exited (last heartbeat: stopping)", st.stdout
+    assert rows["supervisor pid"].endswith("(exited)"), st.stdout
+    assert "ETA" not in st.stdout and "goodput" not in st.stdout, st.stdout  # no failure, nothing left running
+    js = json.loads(run_cli("status", str(run_dir), "--json").stdout)
+    assert js["state"] == "stopped" and js["last_failure"] is None
+    assert js["stop"] == {"attempt": 1, "saved": True, "step": stopped["step"]}
+
+
+def test_stop_during_backoff_keeps_the_real_failure(run_dir):
+    """Stopped while waiting to restart a failed attempt: that failure is still the last failure."""
+    p = start_cli("--run-dir", str(run_dir), "--backoff", "60", FAKE_JOB,
+                  env=sup_env(FAKE_PLAN="1:exit3", FAKE_STEPS="2", FAKE_STEP_S="0.01"))
+    try:
+        wait_until(lambda: events(run_dir, "restarting"), timeout=30, what="restarting")
+        stop = run_cli("stop", str(run_dir), timeout=60)
+        assert stop.returncode == 0, stop.stderr
+        assert p.wait(30) == 75
+    finally:
+        kill_group(p)
+    rep = read_status(open_run_dir(run_dir))
+    assert rep.last_failure is not None and rep.last_failure["kind"] == "crash", rep
+    assert rep.stop is not None and rep.stop["saved"] is False
+    assert dict(render.status_rows(rep))["state"] == "stopped (no checkpoint; a rerun starts from scratch)"
