@@ -22,11 +22,12 @@ from .status import CheckpointRow, StatusReport
 __all__ = ["fmt_age", "fmt_ago", "fmt_bytes", "title", "describe_state", "describe_phase", "describe_progress", "status_rows",
            "status_table", "checkpoint_cells", "checkpoints_table", "watch", "stop_summary", "doctor_text"]
 
-# The checkpoints table's columns, most important first: at a narrow terminal the last ones go
-# first; the name (the key a user copies into `export` or RESILIENT_RESUME_FROM) is never dropped.
-CHECKPOINT_COLUMNS = ("name", "status", "step", "created", "kind", "epoch", "size", "loss", "batch")
+# The checkpoints table's columns as shown, and the order they go in at a narrow terminal (least
+# important first); the name, the key a user copies into `export` or RESILIENT_RESUME_FROM, never goes.
+CHECKPOINT_COLUMNS = ("name", "step", "epoch", "batch", "kind", "loss", "size", "created", "status")
+_DROP_ORDER = ("batch", "loss", "size", "epoch", "kind", "created", "step", "status")
 _RIGHT = ("step", "epoch", "batch", "loss", "size")
-_STATUS_MIN = 10   # the status column wraps (INVALID: reason) but keeps at least this width
+_STATUS_MIN = 24   # the status column wraps (INVALID: reason) but keeps at least this width
 
 
 def fmt_age(s: Optional[float]) -> str:
@@ -142,16 +143,24 @@ def checkpoint_cells(r: CheckpointRow, verify: bool, now: Optional[float] = None
     }
 
 
-def _fitting_columns(cells: Sequence[dict[str, str]], width: int) -> list[str]:
-    """The columns that fit `width` (one space between columns), dropping the least important first."""
-    def need(col: str) -> int:
+def _fitting_columns(cells: Sequence[dict[str, str]], width: int) -> tuple[list[str], int]:
+    """(columns, gap) that fit `width`: every column two spaces apart if that fits, else one space
+    apart, dropping the least important columns until the rest fits."""
+    def need(col: str, squeeze: bool) -> int:
         w = max([len(col)] + [len(c[col]) for c in cells])
-        return min(w, _STATUS_MIN) if col == "status" else w
+        return min(w, _STATUS_MIN) if squeeze and col == "status" else w
+
+    def total(cols: list[str], gap: int) -> int:  # one space apart, the status column may wrap
+        return sum(need(col, gap == 1) for col in cols) + gap * (len(cols) - 1)
 
     cols = list(CHECKPOINT_COLUMNS)
-    while len(cols) > 1 and sum(map(need, cols)) + len(cols) - 1 > width:
-        cols.pop()
-    return cols
+    if total(cols, 2) <= width:
+        return cols, 2
+    for victim in _DROP_ORDER:
+        if total(cols, 1) <= width:
+            break
+        cols.remove(victim)
+    return cols, 1
 
 
 def checkpoints_table(rows: Sequence[CheckpointRow], verify: bool, width: int, now: Optional[float] = None):  # noqa: ANN201
@@ -159,8 +168,8 @@ def checkpoints_table(rows: Sequence[CheckpointRow], verify: bool, width: int, n
     from rich.table import Table
 
     cells = [checkpoint_cells(r, verify, now) for r in rows]
-    cols = _fitting_columns(cells, width)
-    t = Table(box=None, header_style="bold", pad_edge=False, padding=(0, 1, 0, 0), collapse_padding=True)
+    cols, gap = _fitting_columns(cells, width)
+    t = Table(box=None, header_style="bold", pad_edge=False, padding=(0, gap, 0, 0))
     for col in cols:
         fixed = col != "status"
         w = max([len(col)] + [len(c[col]) for c in cells])
