@@ -80,7 +80,7 @@ def status(
     run_dir: Path = typer.Argument(..., metavar="RUN_DIR"),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
     watch: bool = typer.Option(False, "--watch", help="Refresh in place until interrupted."),
-    interval: float = typer.Option(1.0, "--interval", help="Refresh interval for --watch, seconds."),
+    interval: float = typer.Option(1.0, "--interval", min=0.1, help="Refresh interval for --watch, seconds (at least 0.1)."),
 ) -> None:
     """Show the job's state; exit 0 when running with a fresh heartbeat or succeeded, else 1.
 
@@ -125,7 +125,7 @@ def checkpoints(
 @app.command()
 def stop(
     run_dir: Path = typer.Argument(..., metavar="RUN_DIR"),
-    timeout: Optional[float] = typer.Option(None, "--timeout", help="Seconds to wait for the supervisor to exit (default: its grace period + 30)."),
+    timeout: Optional[float] = typer.Option(None, "--timeout", min=0, help="Seconds to wait for the supervisor to exit (default: its grace period + 30)."),
     wait: bool = typer.Option(True, "--wait/--no-wait", help="Wait until the supervisor has exited."),
 ) -> None:
     """SIGTERM the run's supervisor: the trainer saves, the supervisor exits 75.

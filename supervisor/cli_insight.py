@@ -58,6 +58,8 @@ def report(
     from .report import build_report, render_png, render_text
 
     rep = build_report(open_run_dir(run_dir))
+    if png is not None and png.is_dir():
+        raise ConfigError(f"--png {png} is a directory; give a file name such as {png / 'timeline.png'}")
     typer.echo(json.dumps(rep.to_json(), indent=2) if as_json else render_text(rep))
     if png is not None:
         try:
@@ -65,6 +67,8 @@ def report(
         except ImportError:
             say("error: --png needs matplotlib; pip install 'resilient-run[report]'")
             raise typer.Exit(EXIT_USAGE) from None
+        except OSError as e:
+            raise ConfigError(f"cannot write --png {png}: {e.strerror or e}; choose a writable path") from None
 
 
 def register(app: typer.Typer) -> None:

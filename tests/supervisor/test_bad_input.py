@@ -58,6 +58,11 @@ CASES = {
     "checkpoints on non-run-dir": lambda t, g: ["checkpoints", str(t)],
     "stop on non-run-dir": lambda t, g: ["stop", str(t)],
     "status missing argument": lambda t, g: ["status"],
+    "watch interval zero": lambda t, g: ["status", str(g), "--watch", "--interval", "0"],
+    "stop negative timeout": lambda t, g: ["stop", str(g), "--timeout", "-3"],
+    "report png is a dir": lambda t, g: ["report", str(g), "--png", str(t)],
+    "report png unwritable": lambda t, g: ["report", str(g), "--png", "/proc/rrtest-timeline.png"],
+    "export a broken checkpoint": lambda t, g: ["export", str(g / "checkpoints" / "step-00000010"), str(t / "out.pt")],
 }
 
 HINTS = {
@@ -65,6 +70,8 @@ HINTS = {
     "bad size": "memory_limit", "missing script": "not found", "command not executable": "not executable",
     "yaml syntax error": "line 2", "yaml unknown key": "did you mean 'max_restarts'", "yaml wrong type": "heartbeat_timeout",
     "run dir is a file": "is a file", "run dir parent missing": "does not exist", "status on non-run-dir": "not a run dir",
+    "watch interval zero": "--interval", "stop negative timeout": "--timeout", "report png is a dir": "is a directory",
+    "report png unwritable": "cannot write",
 }
 
 
