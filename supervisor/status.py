@@ -22,7 +22,7 @@ from .errors import RunDirError
 from .heartbeat import allowance
 from .progress import Progress, progress_of
 
-__all__ = ["StatusReport", "read_status", "CheckpointRow", "list_checkpoints", "open_run_dir", "lock_holder",
+__all__ = ["StatusReport", "read_status", "supervisor_state", "CheckpointRow", "list_checkpoints", "open_run_dir", "lock_holder",
            "supervised_parts"]
 
 FINAL_STATES = tuple(s.value for s in RunState if s.final)
@@ -127,13 +127,17 @@ def _newest_heartbeat(rd: RunDir) -> tuple[Optional[dict], Optional[float]]:
     return best
 
 
-def read_status(rd: RunDir) -> StatusReport:
+def supervisor_state(rd: RunDir) -> dict:
+    """supervisor.json as a dict ({} while absent, being replaced or not an object)."""
     try:
         state = read_json(rd.supervisor_state)
-        if not isinstance(state, dict):
-            state = {}
     except ContractError:
-        state = {}
+        return {}
+    return state if isinstance(state, dict) else {}
+
+
+def read_status(rd: RunDir) -> StatusReport:
+    state = supervisor_state(rd)
     recorded = str(state.get("state", "")) or "not_running"
     sup_alive = procs.matches(state.get("supervisor_pid"), state.get("supervisor_create_time")) is not None
     if recorded not in FINAL_STATES and not sup_alive:

@@ -7,13 +7,13 @@ import socket
 import time
 from typing import Optional
 
-from trainer_shim.rundir import ContractError, RunDir, read_json
+from trainer_shim.rundir import RunDir
 
 from . import procs
 from .errors import EXIT_GAVE_UP, EXIT_OK
 from .messages import say
 from .render import stop_summary
-from .status import lock_holder, read_status, recorded_config
+from .status import lock_holder, read_status, recorded_config, supervisor_state
 
 __all__ = ["stop_run", "stop_one"]
 
@@ -27,14 +27,6 @@ def stop_run(parts: list[RunDir], timeout: Optional[float], wait: bool) -> int:
 
 def _where(rd: RunDir) -> str:
     return f"{rd.root}" + ("" if rd.node is None else f" (node {rd.node})")
-
-
-def _state(rd: RunDir) -> dict:
-    try:
-        state = read_json(rd.supervisor_state)
-    except ContractError:
-        return {}
-    return state if isinstance(state, dict) else {}
 
 
 def _live_supervisor(rd: RunDir, state: dict) -> Optional[int]:
@@ -59,7 +51,7 @@ def _live_supervisor(rd: RunDir, state: dict) -> Optional[int]:
 
 def stop_one(rd: RunDir, timeout: Optional[float], wait: bool) -> int:
     """SIGTERM `rd`'s supervisor and (with `wait`) wait up to `timeout` s (default grace + 30) for it to exit."""
-    state = _state(rd)
+    state = supervisor_state(rd)
     pid = _live_supervisor(rd, state)
     if pid is None:
         return EXIT_GAVE_UP
