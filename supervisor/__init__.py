@@ -21,7 +21,9 @@ records         journal      the lock, events.jsonl and supervisor.json (retried
                              history left by earlier supervisors, a leftover trainer
                 metrics      the Prometheus textfile; progress: goodput/lost steps/ETA for it
                 notify       systemd sd_notify (READY, WATCHDOG, STATUS)
-the CLI         cli, cli_insight   typer: parse and render only; config (flags + YAML, one schema)
-                status, report, doctor, export   the logic the commands call (plain functions)
+the CLI         cli, cli_insight   typer: parse only; config (flags + YAML, one schema)
+                jobspec      what `run`'s job tokens and run dir mean, checked before anything starts
+                render       reports to text and rich tables (status, checkpoints, watch, doctor)
+                status, stopping, report, doctor, export   the logic the commands call (plain functions)
                 messages     `say`: the one-line stderr messages; errors: exceptions with exit codes
 """
