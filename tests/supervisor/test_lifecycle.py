@@ -10,6 +10,9 @@ import time
 import psutil
 import pytest
 
+from supervisor import render
+from supervisor.status import open_run_dir, read_status
+
 from .helpers import (
     FAKE_JOB, alive, attempt_pids, ended_kinds, events, heartbeat, kill_group, run_cli, start_cli, sup_env,
     supervisor_state, wait_until,
@@ -155,6 +158,9 @@ def test_sigkill_of_supervisor_takes_the_trainer_down(run_dir):
         wait_until(lambda: not alive(child), timeout=5, what="trainer to die with its supervisor")
         st = run_cli("status", str(run_dir), "--json")
         assert st.returncode == 1 and '"state": "not_running"' in st.stdout
+        # The last beat said training; with its supervisor gone the trainer is gone too, and status says so.
+        shown = dict(render.status_rows(read_status(open_run_dir(run_dir))))
+        assert shown["phase"] == "exited (last heartbeat: training)" and shown["supervisor pid"].endswith("(exited)")
     finally:
         kill_group(p)
 
