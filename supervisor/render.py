@@ -123,11 +123,13 @@ def status_rows(rep: StatusReport) -> list[tuple[str, str]]:
 def status_table(rep: StatusReport, heading: str):  # noqa: ANN201 - a rich Table
     from rich.table import Table
 
-    t = Table(title=heading, show_header=False, box=None, pad_edge=False)
+    from rich.text import Text
+
+    t = Table(title=Text(heading), show_header=False, box=None, pad_edge=False)
     t.add_column(style="bold")
     t.add_column()
     for k, v in status_rows(rep):
-        t.add_row(k, v)
+        t.add_row(k, Text(v))   # Text: a path or reason with [brackets] is not rich markup
     return t
 
 
@@ -166,6 +168,7 @@ def _fitting_columns(cells: Sequence[dict[str, str]], width: int) -> tuple[list[
 def checkpoints_table(rows: Sequence[CheckpointRow], verify: bool, width: int, now: Optional[float] = None):  # noqa: ANN201
     """The `checkpoints` listing for a terminal `width` columns wide; the name is never cut."""
     from rich.table import Table
+    from rich.text import Text
 
     cells = [checkpoint_cells(r, verify, now) for r in rows]
     cols, gap = _fitting_columns(cells, width)
@@ -176,7 +179,7 @@ def checkpoints_table(rows: Sequence[CheckpointRow], verify: bool, width: int, n
         t.add_column(col, justify="right" if col in _RIGHT else "left", no_wrap=fixed,
                      min_width=w if fixed else _STATUS_MIN, overflow="fold")
     for c in cells:
-        t.add_row(*(c[col] for col in cols))
+        t.add_row(*(Text(c[col]) for col in cols))   # Text: a reason with [brackets] is not rich markup
     return t
 
 

@@ -61,3 +61,11 @@ def test_fmt_ago():
     assert fmt_ago("2026-01-01T00:00:00+00:00", now=1767225600.0 + 5 * 3600) == "5h ago"
     assert fmt_ago("2026-01-01T00:00:00+00:00", now=1767225600.0 + 2 * 86400) == "2d ago"
     assert fmt_ago(None) == "-" and fmt_ago("garbage") == "-"
+
+
+def test_brackets_in_paths_are_shown_not_parsed_as_markup(finished_run, tmp_path):
+    rd, _ = finished_run
+    odd = tmp_path / "exp[bold]1"
+    odd.symlink_to(rd)
+    r = run_cli("status", str(odd), env=sup_env(COLUMNS="200"))
+    assert "exp[bold]1" in r.stdout, r.stdout
