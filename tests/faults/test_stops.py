@@ -21,8 +21,8 @@ JOB = ("--epochs", "3", "--samples", "96", "--batch-size", "8", "--save-every", 
        "--step-sleep", "0.05")
 
 
-def _start(run_dir, out):
-    p = start_cli("--run-dir", str(run_dir), *FAST, TOY, *JOB, "--out", str(out))
+def _start(run_dir, out, *flags):
+    p = start_cli("--run-dir", str(run_dir), *FAST, *flags, TOY, *JOB, "--out", str(out))
     wait_until(lambda: (heartbeat(run_dir) or {}).get("step", 0) >= 8, timeout=60, what="step 8")
     workers = [c.pid for c in psutil.Process(supervisor_state(run_dir)["child_pid"]).children(recursive=True)]
     assert len(workers) == 2, workers
@@ -32,7 +32,9 @@ def _start(run_dir, out):
 def test_sigterm_to_supervisor_loses_no_step_exits_75_and_rerun_is_bit_exact(tmp_path):
     ref = reference(tmp_path, *JOB)
     run_dir, out = tmp_path / "run", tmp_path / "weights.pt"
-    p, workers = _start(run_dir, out)
+    # The trainer exits right after its save, but tearing down torch and two DataLoader workers took
+    # over FAST's 2 s grace on a loaded 2-core box (SIGKILL: kind signal); a user's default is 30 s.
+    p, workers = _start(run_dir, out, "--grace-period", "20")
     try:
         p.send_signal(signal.SIGTERM)
         assert p.wait(60) == 75
