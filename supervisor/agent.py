@@ -222,7 +222,7 @@ class Supervisor:
         say(f"attempt {a.number}: {kind.replace('_', ' ')}: {detail}")
         if kind == Kind.HANG.value:
             # Stack dumps first (the shim's SIGUSR1 handler), from every rank whose pid is ours.
-            for pid in a.own_pids():
+            for pid in a.rank_pids():
                 procs.signal_pid(pid, signal.SIGUSR1)
             a.wait_exit(STACK_DUMP_WAIT, self._tick)
         a.kill(self.config.grace_period, self._tick)

@@ -94,10 +94,12 @@ class Attempt:
         self.resumed_from = str(loaded) if loaded and loaded != RESUME_NONE else None
         return True
 
-    def own_pids(self) -> set[int]:
-        """The main process and every rank whose heartbeat pid is in our process tree (not a reused pid)."""
+    def rank_pids(self) -> set[int]:
+        """Every rank whose heartbeat pid is in our process tree (not a reused pid). Not the
+        launcher: SIGUSR1's default action would kill torchrun, and with it (PDEATHSIG) every
+        rank before its stack dump is written."""
         ours = {p.pid for p in procs.tree(self.child.pid)}
-        return {self.child.pid} | {int(t.record["pid"]) for t in self.monitor.tracks.values() if t.record.get("pid") in ours}
+        return {int(t.record["pid"]) for t in self.monitor.tracks.values() if t.record.get("pid") in ours}
 
     def tearing_down(self, rd: RunDir, now: float, grace: float) -> bool:
         """Whether a silent rank is excused: another rank crashed (it wrote its error file) and the
