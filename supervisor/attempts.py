@@ -254,10 +254,14 @@ def assess(rd: RunDir, a: Attempt, rc: int, *, cgroup: Optional[MemoryCgroup], s
     newest = newest_valid(checkpoint_roots(rd), exclude=poisoned)
     facts = AttemptFacts(returncode=rc)
     failed = kind not in (Kind.SUCCESS, Kind.PREEMPTED)
+    step = last_step(rd, a)
+    # Progress (no evidence against the checkpoint resumed from): a newer checkpoint committed, or
+    # a step trained past it. Killed mid-save three times in a row at step 50 is no crash loop of 40.
+    progressed = (newest is not None and (resumed_step is None or newest.step > resumed_step)) or (
+        resumed_step is not None and step is not None and step > resumed_step)
     return AttemptResult(
-        attempt=a.number, kind=kind, exit_code=facts.exit_code, signal=facts.signal, step=last_step(rd, a),
-        evidence=detail, log_tail=tail, resumed_from=resumed,
-        progressed=newest is not None and (resumed_step is None or newest.step > resumed_step),
+        attempt=a.number, kind=kind, exit_code=facts.exit_code, signal=facts.signal, step=step,
+        evidence=detail, log_tail=tail, resumed_from=resumed, progressed=progressed,
         duration_s=round(time.monotonic() - a.started, 3), failures=failures, error=err,
         failure_time=iso_at(a.failed_at) if failed and a.failed_at is not None else None,
         detected_time=iso_at(a.detected_at) if failed and a.detected_at is not None else None,
