@@ -1,8 +1,10 @@
 """`resilient-run report`: what the failures of a run cost, computed from its events.jsonl.
 
-Definitions (README "What failures cost"): an attempt's useful time is its training time (first
-step -> end) scaled to the steps that were not redone by the next attempt; goodput = useful time
-/ wall time (first attempt start -> last attempt end). Lost steps = steps redone after restarts.
+Definitions (README "report"): an attempt's useful time is its training time (first step -> the
+failure, else its end, minus its time spent saving) scaled to the steps that were not redone by
+the next attempt; goodput = useful time / wall time (first attempt start -> last attempt end).
+Lost steps = steps redone after restarts. Time spent saving = the training stall of saves, from
+the shim's checkpoint_saved events.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ import datetime as _dt
 from collections import Counter
 from typing import Optional
 
-from trainer_shim.rundir import EVENT_FIRST_STEP, Event, RunDir, parse_checkpoint_name, read_events, read_index
+from trainer_shim.rundir import (EVENT_CHECKPOINT_SAVED, EVENT_FIRST_STEP, Event, RunDir, parse_checkpoint_name,
+                                 read_events, read_index)
 
 __all__ = ["AttemptCost", "RunReport", "build_report", "render_text", "render_png"]
 
@@ -46,7 +49,8 @@ class AttemptCost:
     recover_restore: Optional[float] = None       # started -> restore done (the shim's first_step event)
     recover_first_step: Optional[float] = None    # restore done -> first step
     recover_total: Optional[float] = None         # failure (else the previous end) -> first step
-    saving_seconds: Optional[float] = None        # not recorded by the shim yet (None)
+    saving_seconds: Optional[float] = None        # training stalled by saves (None: no checkpoint_saved events)
+    saves: int = 0                                # saves that returned to training (checkpoint_saved events)
 
 
 @dataclasses.dataclass
@@ -57,7 +61,8 @@ class RunReport:
     goodput: Optional[float]
     lost_steps: int
     restarts_by_kind: dict[str, int]
-    checkpoints: list[dict] = dataclasses.field(default_factory=list)   # {step, time, kind} of those on disk
+    checkpoints: list[dict] = dataclasses.field(default_factory=list)   # {step, time, kind[, attempt]}
+    saving_seconds: Optional[float] = None        # the attempts' time spent saving, summed
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -69,7 +74,7 @@ def _by_attempt(events: list[dict]) -> dict[int, dict]:
         n = ev.get("attempt")
         if not isinstance(n, int):
             continue
-        a = attempts.setdefault(n, {})
+        a = attempts.setdefault(n, {"saves": []})
         name = ev.get("event")
         if name == Event.ATTEMPT_STARTED:
             a["started"] = ev
@@ -77,6 +82,8 @@ def _by_attempt(events: list[dict]) -> dict[int, dict]:
             a["ended"] = ev
         elif name == EVENT_FIRST_STEP and "first" not in a:
             a["first"] = ev
+        elif name == EVENT_CHECKPOINT_SAVED:
+            a["saves"].append(ev)
     return {n: a for n, a in attempts.items() if "started" in a}
 
 
@@ -116,25 +123,41 @@ def build_report(rd: RunDir) -> RunReport:
         c = AttemptCost(attempt=n, start=st["time"], end=en["time"] if en else None,
                         kind=en.get("kind") if en else None, evidence=en.get("evidence") if en else None,
                         resumed_from_step=resumed, last_step=last, steps_redone=redone)
-        t_start, t_end = _t(st["time"]), _t(en["time"]) if en else None
-        _recovery(c, prev, t_start, fs)
-        t_first = _t(fs["time"]) if fs else None
-        if t_first is not None and t_end is not None and last is not None and last > resumed:
-            # Training time of this attempt's steps that were not redone (steps assumed evenly paced).
-            useful += (t_end - t_first) * max(0, last - redone - resumed) / (last - resumed)
+        _recovery(c, prev, _t(st["time"]), fs)
+        totals = [ev["saving_seconds"] for ev in a["saves"] if isinstance(ev.get("saving_seconds"), (int, float))]
+        c.saving_seconds, c.saves = (round(max(totals), 3) if totals else None), len(a["saves"])
+        useful += _useful(c, en, fs)
         prev = en
         out.append(c)
     starts = [_t(a["started"]["time"]) for a in attempts.values()]
     ends = [_t(a["ended"]["time"]) for a in attempts.values() if "ended" in a]
     wall = (max(ends) - min(starts)) if starts and ends else 0.0
     kinds = Counter(c.kind for c in out[:-1] if c.kind and c.kind != "success")
+    saving = [c.saving_seconds for c in out if c.saving_seconds is not None]
     return RunReport(attempts=out, wall_seconds=round(wall, 3), useful_seconds=round(useful, 3),
                      goodput=round(useful / wall, 4) if wall > 0 else None, lost_steps=lost,
-                     restarts_by_kind=dict(kinds), checkpoints=_checkpoints(rd))
+                     restarts_by_kind=dict(kinds), checkpoints=_checkpoints(rd, attempts),
+                     saving_seconds=round(sum(saving), 3) if saving else None)
 
 
-def _checkpoints(rd: RunDir) -> list[dict]:
-    """The checkpoints the index lists (rotation removes the old ones), oldest first."""
+def _useful(c: AttemptCost, en: Optional[dict], fs: Optional[dict]) -> float:
+    """Training time of this attempt's steps that were not redone (steps assumed evenly paced): its
+    first step -> its failure (else its end), minus its time spent saving."""
+    last, resumed = c.last_step, c.resumed_from_step
+    if not (en and fs) or last is None or last <= resumed:
+        return 0.0
+    t_stop = _t(en.get("failure_time")) or _t(en["time"])
+    train = max(0.0, t_stop - _t(fs["time"]) - (c.saving_seconds or 0.0))
+    return train * max(0, last - c.steps_redone - resumed) / (last - resumed)
+
+
+def _checkpoints(rd: RunDir, attempts: dict[int, dict]) -> list[dict]:
+    """Every save the shim reported (checkpoint_saved events), else the checkpoints the index lists
+    (older shims, framework integrations; rotation removed the old ones), oldest first."""
+    saved = [{"step": ev.get("step"), "time": ev["time"], "kind": ev.get("kind"), "attempt": n}
+             for n, a in sorted(attempts.items()) for ev in a["saves"] if isinstance(ev.get("step"), int)]
+    if saved:
+        return saved
     out = []
     for entry in read_index(rd).values():
         if isinstance(entry, dict) and isinstance(entry.get("global_step"), int) and entry.get("timestamp"):
@@ -147,17 +170,19 @@ def render_text(rep: RunReport) -> str:
         return "-" if x is None else f"{x:.2f}s"
 
     head = "recover = detect/stop/spawn/restore/first step"
-    lines = [f"{'#':>3} {'kind':<12} {'resumed':>7} {'last':>6} {'redone':>6}  {head:<52} evidence"]
+    lines = [f"{'#':>3} {'kind':<12} {'resumed':>7} {'last':>6} {'redone':>6} {'saving':>7}  {head:<52} evidence"]
     for c in rep.attempts:
         parts = (c.recover_detect, c.recover_stop, c.recover_spawn, c.recover_restore, c.recover_first_step)
         rec = "-" if c.recover_total is None else f"{f(c.recover_total)} = " + "/".join(f(x) for x in parts)
         lines.append(f"{c.attempt:>3} {c.kind or 'running':<12} {c.resumed_from_step:>7} "
-                     f"{'-' if c.last_step is None else c.last_step:>6} {c.steps_redone:>6}  {rec:<52} "
+                     f"{'-' if c.last_step is None else c.last_step:>6} {c.steps_redone:>6} "
+                     f"{f(c.saving_seconds):>7}  {rec:<52} "
                      f"{(c.evidence or '')[:60]}")
     gp = "-" if rep.goodput is None else f"{rep.goodput:.1%}"
     kinds = ", ".join(f"{k} {v}" for k, v in sorted(rep.restarts_by_kind.items())) or "none"
+    saving = "-" if rep.saving_seconds is None else f"{rep.saving_seconds:.1f}s"
     lines.append(f"wall {rep.wall_seconds:.1f}s, useful {rep.useful_seconds:.1f}s, goodput {gp}, "
-                 f"lost steps {rep.lost_steps}, restarts: {kinds}")
+                 f"saving {saving}, lost steps {rep.lost_steps}, restarts: {kinds}")
     return "\n".join(lines)
 
 
@@ -181,8 +206,8 @@ def render_png(rep: RunReport, path: str, width_px: int = 1200, height_px: int =
             ax.plot([e], [c.attempt], marker="x", color="black", markersize=10)
     for ck in rep.checkpoints:
         at = _t(ck["time"]) - t0
-        row = next((c.attempt for c in rep.attempts if _t(c.start) - t0 <= at <= ((_t(c.end) - t0) if c.end else at)),
-                   None)
+        row = ck.get("attempt") or next(
+            (c.attempt for c in rep.attempts if _t(c.start) - t0 <= at <= ((_t(c.end) - t0) if c.end else at)), None)
         if row is not None:  # a checkpoint committed by an attempt, on that attempt's bar
             ax.plot([at], [row + 0.45], marker="v", color="navy", markersize=7)
     gp = "-" if rep.goodput is None else f"{rep.goodput:.1%}"

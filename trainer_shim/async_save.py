@@ -90,12 +90,14 @@ class FastSaver:
         memory_due = bool(self.memory_every and step % self.memory_every == 0)
         if disk_due and self.async_save:
             # A due memory snapshot is this save's slot, finalized before run.step() returns.
-            self.save_async(CheckpointKind.STEP, finalize_now=memory_due)
+            with self.run._saves.stall(CheckpointKind.STEP):  # the stall only, not the background write
+                self.save_async(CheckpointKind.STEP, finalize_now=memory_due)
             return
         if disk_due:
             self.run._save(CheckpointKind.STEP)
         if memory_due:
-            self.memory_snapshot()
+            with self.run._saves.stall(CheckpointKind.STEP, event=False):
+                self.memory_snapshot()
 
     def report(self) -> None:
         with self._cv:

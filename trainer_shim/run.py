@@ -23,6 +23,7 @@ from .hooks import ProcessHooks
 from .loading import LoadResult, load
 from .probe import Probe
 from .provenance import script_path
+from .save_time import SaveTimer
 from .rundir import CheckpointKind, Event, Phase
 
 __all__ = ["Run", "init", "load", "LoadResult"]
@@ -59,6 +60,7 @@ class Run:
         self._hb = Heartbeat(self.rd.heartbeat(self.rank), rank=self.rank, attempt=self.attempt,
                              interval=o.heartbeat_interval, node=self.rd.node)
         self._hb.write_now()
+        self._saves = SaveTimer(self)
         self.model, self.optimizer, self.scheduler, self.scaler = o.model, o.optimizer, o.scheduler, o.scaler
         self.extra: dict[str, Any] = dict(o.extra or {})
         self.save_every_seconds, self._auto = save_interval.from_option(o.save_every_seconds, self.rd, o.mtbf_hours,
@@ -295,16 +297,17 @@ class Run:
         self._hb.fields.update(step=self.global_step, epoch=self.epoch, loss=self.loss)
         self._hb.begin_save()
         try:
-            try:
-                outcome = saving.save(self, kind, exact)
-            except CollectiveTimeout as e:
-                if self.rank == 0:
-                    self._failed(self.rd.checkpoints, str(e))
-                _say(f"error: {e}; exiting (the supervisor resumes from the newest complete checkpoint)")
-                raise
-            if outcome.committed:  # not when an existing checkpoint stands for the step
-                self._last_size = outcome.nbytes
-                self.checkpoint_step = self._retention.committed_step = self.global_step
+            with self._saves.stall(kind):
+                try:
+                    outcome = saving.save(self, kind, exact)
+                except CollectiveTimeout as e:
+                    if self.rank == 0:
+                        self._failed(self.rd.checkpoints, str(e))
+                    _say(f"error: {e}; exiting (the supervisor resumes from the newest complete checkpoint)")
+                    raise
+                if outcome.committed:  # not when an existing checkpoint stands for the step
+                    self._last_size = outcome.nbytes
+                    self.checkpoint_step = self._retention.committed_step = self.global_step
             return outcome.path if outcome.error is None else None
         finally:
             self._last_save_t = time.monotonic()

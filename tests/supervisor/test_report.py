@@ -38,9 +38,10 @@ def test_figures_match_the_events(faulted_run):
     a1, a2, a3 = rep["attempts"]
     assert [a["kind"] for a in rep["attempts"]] == ["signal", "crash", "success"]
     assert [a["resumed_from_step"] for a in rep["attempts"]] == [0, 5, 10]
-    assert a2["last_step"] == 11 and a2["steps_redone"] == 1 and a3["last_step"] == 12 and a3["steps_redone"] == 0
-    assert a1["last_step"] == 7 and a1["steps_redone"] == 2   # the step mark: killed right after step 7
-    assert rep["lost_steps"] == a1["steps_redone"] + 1
+    # attempt_ended's step is the last step really reached (the step mark): killed at 7 -> 7, raised at 11 -> 11.
+    assert [a["last_step"] for a in rep["attempts"]] == [7, 11, 12]
+    assert [a["steps_redone"] for a in rep["attempts"]] == [2, 1, 0]  # 7 - 5, 11 - 10
+    assert rep["lost_steps"] == 3
     assert rep["restarts_by_kind"] == {"signal": 1, "crash": 1}
     started = {e["attempt"]: e for e in events(faulted_run, "attempt_started")}
     ended = {e["attempt"]: e for e in events(faulted_run, "attempt_ended")}
@@ -58,11 +59,29 @@ def test_figures_match_the_events(faulted_run):
     assert 0 < rep["goodput"] < 1 and rep["useful_seconds"] < rep["wall_seconds"]
 
 
+def test_time_spent_saving(faulted_run):
+    """save_every_steps=5, 8 batches an epoch: attempt 1 saves at 5 (killed at 7); attempt 2 at 8 (epoch
+    end), 10, and 11 (the emergency save of the exception); attempt 3 its final save at 12."""
+    rep = json.loads(run_cli("report", "--json", str(faulted_run)).stdout)
+    saved = events(faulted_run, "checkpoint_saved")
+    expected = [(1, 5, "step"), (2, 8, "epoch"), (2, 10, "step"), (2, 11, "emergency"), (3, 12, "final")]
+    assert [(e["attempt"], e["step"], e["kind"]) for e in saved] == expected
+    assert [(c["attempt"], c["step"], c["kind"]) for c in rep["checkpoints"]] == expected  # the PNG's marks
+    for a in rep["attempts"]:
+        mine = [e for e in saved if e["attempt"] == a["attempt"]]
+        # Each event carries its own stall and the attempt's running total.
+        assert mine[-1]["saving_seconds"] == pytest.approx(sum(e["seconds"] for e in mine), abs=1e-3)
+        assert a["saving_seconds"] == pytest.approx(mine[-1]["saving_seconds"], abs=1e-3) and a["saving_seconds"] > 0
+        assert a["saves"] == len(mine)
+    assert rep["saving_seconds"] == pytest.approx(sum(a["saving_seconds"] for a in rep["attempts"]), abs=2e-3)
+
+
 def test_text_and_png(faulted_run, tmp_path):
     png = tmp_path / "timeline.png"
     r = run_cli("report", str(faulted_run), "--png", str(png))
     assert r.returncode == 0, r.stderr
     assert "goodput" in r.stdout.splitlines()[-1] and "restarts: crash 1, signal 1" in r.stdout
+    assert "saving" in r.stdout.splitlines()[0] and ", saving " in r.stdout.splitlines()[-1]
     raw = png.read_bytes()
     assert raw[:8] == b"\x89PNG\r\n\x1a\n"
     assert struct.unpack(">II", raw[16:24]) == (1200, 400)

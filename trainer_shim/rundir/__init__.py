@@ -62,8 +62,8 @@ from .frameworks import (
 )
 from .index import checkpoint_roots, index_entry, read_index
 from .insight import (
-    ENV_DOCTOR, ENV_DOCTOR_FAULTS, ENV_DOCTOR_STEPS, EVENT_FIRST_STEP, FAULT_KILL, FAULT_RAISE, MARK_BATCH, MARK_EPOCH,
-    MARK_STEP, parse_faults,
+    ENV_DOCTOR, ENV_DOCTOR_FAULTS, ENV_DOCTOR_STEPS, EVENT_CHECKPOINT_SAVED, EVENT_FIRST_STEP, FAULT_KILL,
+    FAULT_RAISE, MARK_BATCH, MARK_EPOCH, MARK_STEP, parse_faults,
 )
 from .layout import (
     CHECKPOINTS, CKPT_PREFIX, LATEST, NODES, RUN_DIR_MODE, TMP_PREFIX, RunDir, checkpoint_name,
@@ -113,8 +113,8 @@ __all__ = [
     "FORMAT_VERSION", "MANIFEST_NAME", "CheckpointKind", "FileEntry", "Manifest", "CheckpointInfo",
     "new_hasher", "digest_file", "safe_member", "inspect_checkpoint", "iter_checkpoint_dirs", "newest_valid",
     "repoint_latest", "index_entry", "read_index", "checkpoint_roots",
-    "ENV_DOCTOR", "ENV_DOCTOR_FAULTS", "ENV_DOCTOR_STEPS", "EVENT_FIRST_STEP", "MARK_STEP", "MARK_BATCH", "MARK_EPOCH",
-    "FAULT_KILL", "FAULT_RAISE", "parse_faults",
+    "ENV_DOCTOR", "ENV_DOCTOR_FAULTS", "ENV_DOCTOR_STEPS", "EVENT_FIRST_STEP", "EVENT_CHECKPOINT_SAVED", "MARK_STEP",
+    "MARK_BATCH", "MARK_EPOCH", "FAULT_KILL", "FAULT_RAISE", "parse_faults",
     # framework layouts (issue 13)
     "HF_PREFIX", "hf_checkpoint_name", "parse_hf_checkpoint_name", "ROOTS_FILE", "roots_file", "read_extra_roots",
     "record_extra_root", "LIGHTNING_CKPT",

@@ -1,10 +1,11 @@
-"""Doctor mode (RESILIENT_DOCTOR*), the digest-log record kinds and the first_step event (issue 15).
+"""Doctor mode (RESILIENT_DOCTOR*), the digest-log record kinds and the events `report` prices
+failures with: first_step and checkpoint_saved (issue 15).
 """
 
 from __future__ import annotations
 
 __all__ = [
-    "ENV_DOCTOR", "ENV_DOCTOR_FAULTS", "ENV_DOCTOR_STEPS", "EVENT_FIRST_STEP",
+    "ENV_DOCTOR", "ENV_DOCTOR_FAULTS", "ENV_DOCTOR_STEPS", "EVENT_FIRST_STEP", "EVENT_CHECKPOINT_SAVED",
     "MARK_STEP", "MARK_BATCH", "MARK_EPOCH", "FAULT_KILL", "FAULT_RAISE", "parse_faults",
 ]
 
@@ -17,6 +18,10 @@ ENV_DOCTOR_STEPS = "RESILIENT_DOCTOR_STEPS"
 
 # Event the shim appends at the first run.step() of an attempt (report: restore and first-step times).
 EVENT_FIRST_STEP = "first_step"
+# Event rank 0 appends when a checkpoint save returns control to training: step, kind, `seconds` (the
+# training stall of this save; for an async save only the copy into memory, not the background
+# write) and `saving_seconds` (this attempt's cumulative stall, memory snapshots included).
+EVENT_CHECKPOINT_SAVED = "checkpoint_saved"
 
 # Digest-log record kinds ("at" field): at run.step(), when the next batch is handed out, at epoch end.
 MARK_STEP = "step"
