@@ -31,6 +31,8 @@ EXIT_EXACT, EXIT_NOT_EXACT, EXIT_DOCTOR_FAILED = 0, 1, 3
 # Blame order at the first divergent step: causes before their consequences.
 _BLAME = ("uncaptured.", "rng.", "batch", "data", "run.state", "extra.", "scheduler", "scaler", "optimizer",
           "model.buffers", "model.params")
+# What one step's update changes when its loss differs (digests are taken after the update).
+_CONSEQUENCES = ("model.params", "model.buffers", "optimizer")
 _LABELS = {"rng.python": "Python global RNG", "rng.numpy": "NumPy global RNG", "rng.torch": "torch CPU RNG",
            "rng.cuda": "CUDA RNG", "rng.generator": "the DataLoader's generator", "batch": "batch order",
            "data": "sampler/data position", "run.state": "run.state", "scheduler": "scheduler",
@@ -41,7 +43,8 @@ _FIXES = {"uncaptured.": "pass the generator in `extra` (an object with state_di
           "rng.": "draw random numbers only inside the loop body before run.step(), or keep the state in run.state",
           "batch": "iterate the training data with run.batches(loader) and do not consume it elsewhere",
           "data": "iterate the training data with run.batches(loader) inside run.epochs(n)",
-          "outside": "keep every value the loop depends on in run.state or `extra` so that checkpoints hold it"}
+          "outside": "keep every value the loop carries across steps (e.g. an RNN's hidden state) in run.state or "
+                     "`extra`, so that checkpoints hold it"}
 
 
 @dataclasses.dataclass
@@ -165,6 +168,10 @@ def compare(baseline: list[dict], interrupted: list[dict]) -> Optional[Divergenc
     diff = [k for k in set(b["digests"]) | set(r["digests"]) if b["digests"].get(k) != r["digests"].get(k)]
     if b.get("batch") != r.get("batch"):
         diff.append("batch")
+    # Digests are taken after the step's update: with the same batch, RNGs and declared state, a
+    # different loss made the model and optimizer differ, not the other way round.
+    if b.get("loss") != r.get("loss") and all(k.startswith(_CONSEQUENCES) for k in diff):
+        diff = []
     for prefix in _BLAME:
         hit = sorted(k for k in diff if k.startswith(prefix))
         if hit:

@@ -28,7 +28,7 @@ try:
 except ImportError:  # pragma: no cover
     np = None  # type: ignore[assignment]
 
-__all__ = ["Probe", "digest", "DoctorFault"]
+__all__ = ["Probe", "digest", "DoctorFault", "DoctorLog", "state_digests"]
 
 # Components compared between run.step() and the next batch: training state the checkpoint holds.
 # RNGs and the data position legitimately move when the next batch is fetched.
@@ -102,14 +102,74 @@ def _rng_state(obj: Any) -> Any:
     return obj.getstate()
 
 
+def state_digests(model: Any, stateful: dict[str, Any], loader_gen: Any = None) -> dict[str, str]:
+    """Digests of the model's parameters and buffers, each `stateful` object's state_dict() (None
+    skipped) and every RNG the shim captures: the components doctor compares."""
+    from . import rng as rng_mod
+
+    out: dict[str, str] = {}
+    if isinstance(model, torch.nn.Module):
+        out["model.params"] = digest(dict(model.named_parameters()))
+        out["model.buffers"] = digest(dict(model.named_buffers()))
+    for name, obj in stateful.items():
+        if obj is not None:
+            out[name] = digest(obj.state_dict())
+    rs = rng_mod.capture(loader_gen)
+    for k in ("python", "numpy", "torch", "cuda", "generator"):
+        if rs.get(k) is not None:
+            out[f"rng.{k}"] = digest(rs[k])
+    return out
+
+
+class DoctorLog:
+    """Doctor mode of one process (`$RESILIENT_DOCTOR*`): the digest log, the faults, the last step."""
+
+    def __init__(self, log: str, faults: dict[int, str], stop_at: Optional[int]) -> None:
+        self.log = Path(log)
+        self.faults = faults
+        self.stop_at = stop_at
+
+    @classmethod
+    def from_env(cls) -> Optional["DoctorLog"]:
+        log = os.environ.get(ENV_DOCTOR) or None
+        if log is None:
+            return None
+        stop = os.environ.get(ENV_DOCTOR_STEPS, "")
+        return cls(log, parse_faults(os.environ.get(ENV_DOCTOR_FAULTS, "")), int(stop) if stop.isdigit() else None)
+
+    def write(self, rec: dict, *, attempt: Optional[int], rank: int) -> None:
+        rec.update(attempt=attempt, rank=rank, pid=os.getpid(), time=time.time())
+        with open(self.log, "a") as f:
+            f.write(json.dumps(rec, sort_keys=True) + "\n")
+
+    def step(self, rec: dict, *, attempt: Optional[int], rank: int) -> bool:
+        """Record a step (MARK_STEP), inject its fault; True when the run should end here."""
+        self.write(dict(rec, at=MARK_STEP), attempt=attempt, rank=rank)
+        self.fault(rec["step"], rank)
+        return self.stop_at is not None and rec["step"] >= self.stop_at
+
+    def fault(self, step: int, rank: int) -> None:
+        kind = self.faults.get(step)
+        if kind is None or rank != 0:
+            return
+        marker = self.log.with_name(f"{self.log.name}.fault-{step}")
+        try:  # only the first attempt that reaches this step is interrupted
+            fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+        except FileExistsError:
+            return
+        os.close(fd)
+        if kind == FAULT_KILL:
+            os.kill(os.getpid(), signal.SIGKILL)
+        raise DoctorFault(f"resilient-run doctor: injected exception at step {step}")
+
+
 class Probe:
     """Per-process step-boundary observer; `Probe.for_run(run)` reads doctor mode from the env."""
 
-    def __init__(self, run: Any, log: Optional[str], faults: dict[int, str], stop_at: Optional[int]) -> None:
+    def __init__(self, run: Any, doctor: Optional[DoctorLog]) -> None:
         self.run = run
-        self.log = Path(log) if log else None
-        self.faults = faults
-        self.stop_at = stop_at
+        self.doctor = doctor
+        self.log = doctor.log if doctor else None
         self.restored_time = rundir.now_iso()
         self._first = True
         self._ref_version: Optional[int] = None   # version sum at the last run.step()
@@ -126,10 +186,7 @@ class Probe:
 
     @classmethod
     def for_run(cls, run: Any) -> "Probe":
-        log = os.environ.get(ENV_DOCTOR) or None
-        faults = parse_faults(os.environ.get(ENV_DOCTOR_FAULTS, "")) if log else {}
-        stop = os.environ.get(ENV_DOCTOR_STEPS, "")
-        return cls(run, log, faults, int(stop) if log and stop.isdigit() else None)
+        return cls(run, DoctorLog.from_env())
 
     def _version_sum(self) -> int:
         m = self.run.model
@@ -148,14 +205,12 @@ class Probe:
                                     restored_time=self.restored_time, pid=os.getpid())
         self._ref_step = run.global_step
         self._ref_version = self._version_sum()
-        if self.log is None:
+        if self.doctor is None:
             return
         comps = self._components()
         self._ref_digests = comps
-        self._write({"at": MARK_STEP, "step": run.global_step, "loss": run.loss, "epoch": run.epoch,
-                     "batch": self._batch_digest, "digests": comps})
-        self._fault(run.global_step)
-        if self.stop_at is not None and run.global_step >= self.stop_at:
+        if self.doctor.step({"step": run.global_step, "loss": run.loss, "epoch": run.epoch,
+                             "batch": self._batch_digest, "digests": comps}, attempt=run.attempt, rank=run.rank):
             run.finish()
             sys.exit(0)
 
@@ -213,26 +268,12 @@ class Probe:
             isinstance(x, torch.nn.modules.batchnorm._BatchNorm) for x in m.modules())
 
     def _components(self) -> dict[str, str]:
-        from . import rng as rng_mod
-
         run = self.run
-        out: dict[str, str] = {}
-        m = run.model
-        if isinstance(m, torch.nn.Module):
-            out["model.params"] = digest(dict(m.named_parameters()))
-            out["model.buffers"] = digest(dict(m.named_buffers()))
-        for name in ("optimizer", "scheduler", "scaler"):
-            obj = getattr(run, name)
-            if obj is not None:
-                out[name] = digest(obj.state_dict())
-        for k, v in run.extra.items():
-            out[f"extra.{k}"] = digest(v.state_dict())
-        out["run.state"] = digest(run.state)
         gen = data.loader_generator(run._stream_loader)
-        rs = rng_mod.capture(gen)
-        for k in ("python", "numpy", "torch", "cuda", "generator"):
-            if rs.get(k) is not None:
-                out[f"rng.{k}"] = digest(rs[k])
+        stateful = {"optimizer": run.optimizer, "scheduler": run.scheduler, "scaler": run.scaler,
+                    **{f"extra.{k}": v for k, v in run.extra.items()}}
+        out = state_digests(run.model, stateful, gen)
+        out["run.state"] = digest(run.state)
         out["data"] = digest([run.epoch, run.batch_in_epoch])
         for label, obj in self._uncaptured(gen):
             out[f"uncaptured.{label}"] = digest(_rng_state(obj))
@@ -268,21 +309,5 @@ class Probe:
         return self._extra_rngs
 
     def _write(self, rec: dict) -> None:
-        rec.update(attempt=self.run.attempt, rank=self.run.rank, pid=os.getpid(), time=time.time())
-        assert self.log is not None
-        with open(self.log, "a") as f:
-            f.write(json.dumps(rec, sort_keys=True) + "\n")
-
-    def _fault(self, step: int) -> None:
-        kind = self.faults.get(step)
-        if kind is None or self.run.rank != 0:
-            return
-        marker = self.log.with_name(f"{self.log.name}.fault-{step}")  # type: ignore[union-attr]
-        try:  # only the first attempt that reaches this step is interrupted
-            fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
-        except FileExistsError:
-            return
-        os.close(fd)
-        if kind == FAULT_KILL:
-            os.kill(os.getpid(), signal.SIGKILL)
-        raise DoctorFault(f"resilient-run doctor: injected exception at step {step}")
+        assert self.doctor is not None
+        self.doctor.write(rec, attempt=self.run.attempt, rank=self.run.rank)

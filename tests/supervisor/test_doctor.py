@@ -8,6 +8,7 @@ from tests.conftest import JOBS, REPO
 from tests.supervisor.helpers import run_cli
 
 DOCTOR_JOB = str(JOBS / "doctor_job.py")
+WORD_LM = str(JOBS / "word_lm_job.py")
 
 
 def test_readme_example_is_exact(tmp_path):
@@ -43,6 +44,26 @@ def test_forgotten_numpy_generator_is_named(tmp_path):
     assert d["step"] == 6
     assert d["component"] == "uncaptured.numpy Generator `noise_rng` (created in doctor_job.py)"
     assert "extra" in d["fix"]
+
+
+def test_word_language_model_with_its_hidden_state_in_run_state_is_exact(tmp_path):
+    """pytorch/examples word_language_model's loop: the LSTM state carried across bptt pieces is kept
+    in run.state, so the resume in mid-epoch (kill -9 at 7, back from the step-5 save) continues it."""
+    r = run_cli("doctor", "--steps", "8", "--kill-at", "7", "--json", WORD_LM, "declared", cwd=tmp_path, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert json.loads(r.stdout)["exact"] is True
+
+
+def test_word_language_model_forgotten_hidden_state_is_outside_the_shims_view(tmp_path):
+    """The same loop as written upstream (hidden = init_hidden() per epoch): after the resume at step 5
+    the carried state restarts at zeros; every captured component matches, the loss does not."""
+    r = run_cli("doctor", "--steps", "8", "--kill-at", "7", WORD_LM, "forgotten", cwd=tmp_path, timeout=300)
+    assert r.returncode == 1, r.stdout + r.stderr
+    lines = r.stdout.strip().splitlines()
+    assert lines[0] == ("not exact: a value outside the shim's view: the loss differs at step 6 while every "
+                        "captured component matched")
+    assert lines[1] == ("fix: keep every value the loop carries across steps (e.g. an RNN's hidden state) in "
+                        "run.state or `extra`, so that checkpoints hold it")
 
 
 def test_bad_kill_at_is_a_one_line_usage_error(tmp_path):

@@ -24,6 +24,7 @@ from transformers import TrainerCallback
 
 from .. import rundir
 from ..rundir import CheckpointKind, Event, Phase, hf_checkpoint_name, read_extra_roots, record_extra_root
+from ._doctor import FrameworkDoctor
 from ._session import Session, hash_tree, make_manifest, say, write_manifest
 
 __all__ = ["ResilientCallback"]
@@ -42,6 +43,7 @@ class ResilientCallback(TrainerCallback):
         self._limit: Any = None
         self._stopping = False
         self._loss: Optional[float] = None
+        self._doctor: Optional[FrameworkDoctor] = None
 
     # --- setup and resume ----------------------------------------------------------------------
 
@@ -50,6 +52,9 @@ class ResilientCallback(TrainerCallback):
             self.output_dir = Path(os.path.abspath(output_dir))
             root = os.environ.get(rundir.ENV_RUN_DIR) or self.run_dir or self.output_dir
             self.session = Session(Path(root), heartbeat_interval=self.heartbeat_interval)
+            self._doctor = FrameworkDoctor.from_env(self.session.attempt)
+            if self._doctor is not None:  # doctor's runs must not share (or touch) the user's output_dir
+                self.output_dir = self.session.rd.root / "output"
             self.output_dir.mkdir(parents=True, exist_ok=True)
             record_extra_root(self.session.rd, self.output_dir)
         return self.session
@@ -79,6 +84,8 @@ class ResilientCallback(TrainerCallback):
 
     def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._start(args.output_dir)
+        if self._doctor is not None:
+            args.output_dir = str(self.output_dir)
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         s = self._start(args.output_dir)
@@ -106,6 +113,10 @@ class ResilientCallback(TrainerCallback):
             control.should_save = True
             control.should_training_stop = True
         self._beat_for(control, state)
+        if self._doctor is not None and self._doctor.on_step(
+                state.global_step, kwargs.get("model"), {"optimizer": kwargs.get("optimizer"),
+                                                         "scheduler": kwargs.get("lr_scheduler")}, epoch=state.epoch):
+            control.should_training_stop = True
 
     def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.session is not None:

@@ -22,6 +22,7 @@ from typing import Any, Optional
 from .. import rundir
 from ..rundir import LIGHTNING_CKPT, CheckpointKind, Event, Phase
 from ._resumable import ResumableLoader
+from ._doctor import FrameworkDoctor
 from ._session import Session, hash_tree, make_manifest, say, write_manifest
 
 _BASES: list[type] = []
@@ -60,6 +61,7 @@ class _Resilient:
         self.session: Optional[Session] = None
         self._loader: Optional[ResumableLoader] = None
         self._saved_step: Optional[int] = None
+        self._doctor: Optional[FrameworkDoctor] = None
 
     # --- setup and resume ----------------------------------------------------------------------
 
@@ -67,6 +69,7 @@ class _Resilient:
         if self.session is None:
             root = os.environ.get(rundir.ENV_RUN_DIR) or self.run_dir or default_root
             self.session = Session(Path(root), heartbeat_interval=self.heartbeat_interval, keep_last=self.keep_last)
+            self._doctor = FrameworkDoctor.from_env(self.session.attempt)
         return self.session
 
     def resume_from(self) -> Optional[str]:
@@ -126,6 +129,12 @@ class _Resilient:
             s.exit_preempted()
         if self.save_every_steps and step % self.save_every_steps == 0 and step != self._saved_step:
             self._save(trainer, CheckpointKind.STEP)
+        if self._doctor is not None and self._doctor.on_step(
+                step, pl_module, {"optimizer": trainer.optimizers[0] if trainer.optimizers else None,
+                                  "scheduler": trainer.lr_scheduler_configs[0].scheduler
+                                  if trainer.lr_scheduler_configs else None},
+                loss=_loss(outputs), epoch=trainer.current_epoch, batch=batch, rank=trainer.global_rank):
+            trainer.should_stop = True
 
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
         if self.session is not None:
