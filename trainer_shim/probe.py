@@ -14,6 +14,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any, Optional
 
 import torch
@@ -119,6 +120,19 @@ def state_digests(model: Any, stateful: dict[str, Any], loader_gen: Any = None) 
         if rs.get(k) is not None:
             out[f"rng.{k}"] = digest(rs[k])
     return out
+
+
+def _with_attrs(label: str, val: Any, where: str) -> Iterator[tuple[str, Any, str]]:
+    """`val` itself and its instance attributes (not a class's, not a module's)."""
+    yield f"{label}`", val, where
+    if isinstance(val, (type, type(sys))) or not hasattr(val, "__dict__"):
+        return
+    try:
+        attrs = list(vars(val).items())
+    except TypeError:
+        return
+    for k, v in attrs:
+        yield f"{label}.{k}`", v, where
 
 
 class DoctorLog:
@@ -288,25 +302,35 @@ class Probe:
                 known.add(id(np.random.mtrand._rand))
             for v in self.run.extra.values():
                 known.add(id(v))
-            main = sys.modules.get("__main__")
-            where = Path(getattr(main, "__file__", "") or "the script").name
-            found = []
-            # The script's own generators: its globals and their attributes (a module's, a dataset's).
-            # Library-internal ones (tempfile's, a sampler's per-epoch one) are seeded elsewhere.
-            for name, val in list(vars(main).items()) if main is not None else []:
-                cands = [(f"`{name}`", val)]
-                if not isinstance(val, type) and hasattr(val, "__dict__") and not isinstance(val, type(sys)):
-                    try:
-                        cands += [(f"`{name}.{k}`", v) for k, v in list(vars(val).items())]
-                    except TypeError:
-                        pass
-                for label, obj in cands:
-                    kind = _rng_kind(obj)
-                    if kind is not None and id(obj) not in known:
-                        known.add(id(obj))
-                        found.append((f"{kind} {label} (created in {where})", obj))
+            found: list[tuple[str, Any]] = []
+            for label, obj, where in self._rng_candidates():
+                kind = _rng_kind(obj)
+                if kind is not None and id(obj) not in known:
+                    known.add(id(obj))
+                    found.append((f"{kind} {label} ({where})", obj))
             self._extra_rngs = found
         return self._extra_rngs
+
+    def _rng_candidates(self) -> Iterator[tuple[str, Any, str]]:
+        """Where a script keeps its own generators: its globals and their attributes (a module's, a
+        dataset's), the model's modules, and the training loader's dataset and samplers, one level
+        deep. Library-internal ones (tempfile's, a sampler's per-epoch one) live elsewhere and are
+        seeded from the captured global RNGs."""
+        main = sys.modules.get("__main__")
+        where = f"created in {Path(getattr(main, '__file__', '') or 'the script').name}"
+        for name, val in list(vars(main).items()) if main is not None else []:
+            yield from _with_attrs(f"`{name}", val, where)
+        m = self.run.model
+        if isinstance(m, torch.nn.Module):
+            for path, mod in m.named_modules():
+                for k, v in list(vars(mod).items()):
+                    yield f"`model{'.' + path if path else ''}.{k}`", v, "held by the model"
+        loader = self.run._stream_loader
+        for attr in ("dataset", "sampler", "batch_sampler"):
+            obj = getattr(loader, attr, None)
+            if obj is not None:
+                yield from _with_attrs(f"`loader.{attr}", obj, "held by the training data")
+
 
     def _write(self, rec: dict) -> None:
         assert self.doctor is not None

@@ -1,4 +1,5 @@
-"""A tiny job for `resilient-run doctor` tests: `exact`, `bn` (DCGAN-style defect) or `rng` (forgotten default_rng)."""
+"""A tiny job for `resilient-run doctor` tests: `exact`, `bn` (DCGAN-style defect), `rng` (forgotten
+default_rng) or `modrng` (a module of the model draws noise from its own torch.Generator)."""
 import sys
 
 import numpy as np
@@ -12,7 +13,25 @@ mode = sys.argv[1]
 torch.manual_seed(0)
 data = TensorDataset(torch.randn(64, 8), torch.randn(64, 1))
 loader = DataLoader(data, batch_size=8, shuffle=True)
-model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 1))
+
+
+class Noisy(nn.Module):
+    """Input noise from the module's own generator: not a parameter or buffer, so no checkpoint has it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gen = torch.Generator().manual_seed(3)
+
+    def forward(self, x):
+        return x + 0.01 * torch.randn(x.shape, generator=self.gen) if self.training else x
+
+
+def build() -> nn.Module:  # the Noisy module is reachable only through the model, not the globals
+    layers = [nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 1)]
+    return nn.Sequential(Noisy(), *layers) if mode == "modrng" else nn.Sequential(*layers)
+
+
+model = build()
 opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 noise_rng = np.random.default_rng(1234)
 

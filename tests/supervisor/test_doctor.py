@@ -46,6 +46,16 @@ def test_forgotten_numpy_generator_is_named(tmp_path):
     assert "extra" in d["fix"]
 
 
+def test_generator_held_by_a_model_module_is_named(tmp_path):
+    """Beyond the script's globals: a generator an nn.Module of the model holds (found one level deep in
+    the model's modules; the model's own RNG-free modules and the captured global RNGs are not named)."""
+    r = run_cli("doctor", "--steps", "8", "--kill-at", "7", "--json", DOCTOR_JOB, "modrng", cwd=tmp_path, timeout=300)
+    assert r.returncode == 1, r.stdout + r.stderr
+    d = json.loads(r.stdout)["divergence"]
+    assert d["step"] == 6
+    assert d["component"] == "uncaptured.torch.Generator `model.0.gen` (held by the model)"
+
+
 def test_word_language_model_with_its_hidden_state_in_run_state_is_exact(tmp_path):
     """pytorch/examples word_language_model's loop: the LSTM state carried across bptt pieces is kept
     in run.state, so the resume in mid-epoch (kill -9 at 7, back from the step-5 save) continues it."""
