@@ -60,7 +60,7 @@ class Run:
         self._hb = Heartbeat(self.rd.heartbeat(self.rank), rank=self.rank, attempt=self.attempt,
                              interval=o.heartbeat_interval, node=self.rd.node)
         self._hb.write_now()
-        self._saves = SaveTimer(self)
+        self._saves = SaveTimer.for_run(self)
         self.model, self.optimizer, self.scheduler, self.scaler = o.model, o.optimizer, o.scheduler, o.scaler
         self.extra: dict[str, Any] = dict(o.extra or {})
         self.save_every_seconds, self._auto = save_interval.from_option(o.save_every_seconds, self.rd, o.mtbf_hours,

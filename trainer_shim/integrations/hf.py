@@ -17,6 +17,7 @@ delete the checkpoint the run resumed from (nor the Trainer's best one).
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any, Optional
 
@@ -24,6 +25,7 @@ from transformers import TrainerCallback
 
 from .. import rundir
 from ..rundir import CheckpointKind, Event, Phase, hf_checkpoint_name, read_extra_roots, record_extra_root
+from ..save_time import SaveTimer
 from ._doctor import FrameworkDoctor
 from ._session import Session, hash_tree, make_manifest, say, write_manifest
 
@@ -44,6 +46,8 @@ class ResilientCallback(TrainerCallback):
         self._stopping = False
         self._loss: Optional[float] = None
         self._doctor: Optional[FrameworkDoctor] = None
+        self._saves: Optional[SaveTimer] = None
+        self._save_t0: Optional[float] = None   # the step end before the Trainer's save (its stall starts)
 
     # --- setup and resume ----------------------------------------------------------------------
 
@@ -53,6 +57,7 @@ class ResilientCallback(TrainerCallback):
             root = os.environ.get(rundir.ENV_RUN_DIR) or self.run_dir or self.output_dir
             self.session = Session(Path(root), heartbeat_interval=self.heartbeat_interval)
             self._doctor = FrameworkDoctor.from_env(self.session.attempt)
+            self._saves = SaveTimer(self.session.event)
             if self._doctor is not None:  # doctor's runs must not share (or touch) the user's output_dir
                 self.output_dir = self.session.rd.root / "output"
             self.output_dir.mkdir(parents=True, exist_ok=True)
@@ -117,6 +122,7 @@ class ResilientCallback(TrainerCallback):
                 state.global_step, kwargs.get("model"), {"optimizer": kwargs.get("optimizer"),
                                                          "scheduler": kwargs.get("lr_scheduler")}, epoch=state.epoch):
             control.should_training_stop = True
+        self._save_t0 = time.monotonic() if control.should_save else None
 
     def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.session is not None:
@@ -163,6 +169,8 @@ class ResilientCallback(TrainerCallback):
         else:
             best = state.best_model_checkpoint
             s.committed(path, manifest, self._roots(), protect=[Path(best)] if best else [])
+            if self._saves is not None and self._save_t0 is not None:  # the Trainer's save and our manifest
+                self._saves.add(time.monotonic() - self._save_t0, kind, state.global_step, state.global_step)
         if self._stopping:
             s.exit_preempted()
         s.beat(state.global_step, int(state.epoch or 0), Phase.TRAINING.value)

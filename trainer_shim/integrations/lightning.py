@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import Any, Optional
 
 from .. import rundir
 from ..rundir import LIGHTNING_CKPT, CheckpointKind, Event, Phase
 from ._resumable import ResumableLoader
+from ..save_time import SaveTimer
 from ._doctor import FrameworkDoctor
 from ._session import Session, hash_tree, make_manifest, say, write_manifest
 
@@ -62,6 +64,7 @@ class _Resilient:
         self._loader: Optional[ResumableLoader] = None
         self._saved_step: Optional[int] = None
         self._doctor: Optional[FrameworkDoctor] = None
+        self._saves: Optional[SaveTimer] = None
 
     # --- setup and resume ----------------------------------------------------------------------
 
@@ -70,6 +73,7 @@ class _Resilient:
             root = os.environ.get(rundir.ENV_RUN_DIR) or self.run_dir or default_root
             self.session = Session(Path(root), heartbeat_interval=self.heartbeat_interval, keep_last=self.keep_last)
             self._doctor = FrameworkDoctor.from_env(self.session.attempt)
+            self._saves = SaveTimer(self.session.event)
         return self.session
 
     def resume_from(self) -> Optional[str]:
@@ -162,6 +166,7 @@ class _Resilient:
             self._saved_step = step
             return final
         tmp = s.rd.checkpoints / f"{rundir.TMP_PREFIX}{final.name}"
+        t0 = time.monotonic()
         s.hb.begin_save()
         try:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -185,6 +190,8 @@ class _Resilient:
         s.committed(final, manifest, rundir.checkpoint_roots(s.rd))
         self._saved_step = step
         s.hb.end_save(checkpoint_step=step)
+        if self._saves is not None:
+            self._saves.add(time.monotonic() - t0, kind, step, step)
         return final
 
 
