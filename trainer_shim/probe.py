@@ -314,12 +314,21 @@ class Probe:
     def _rng_candidates(self) -> Iterator[tuple[str, Any, str]]:
         """Where a script keeps its own generators: its globals and their attributes (a module's, a
         dataset's), the model's modules, and the training loader's dataset and samplers, one level
-        deep. Library-internal ones (tempfile's, a sampler's per-epoch one) live elsewhere and are
+        deep, and the locals of the script's functions running run.step(). Library-internal ones (tempfile's, a sampler's per-epoch one) live elsewhere and are
         seeded from the captured global RNGs."""
         main = sys.modules.get("__main__")
-        where = f"created in {Path(getattr(main, '__file__', '') or 'the script').name}"
+        script = getattr(main, "__file__", "") or ""
+        where = f"created in {Path(script or 'the script').name}"
         for name, val in list(vars(main).items()) if main is not None else []:
             yield from _with_attrs(f"`{name}", val, where)
+        # The locals of the script's own functions on the stack (a loop inside main()); only frames
+        # of the script file, so no library's generators.
+        frame = sys._getframe(1)
+        while frame is not None and script:
+            if frame.f_code.co_filename == script and frame.f_locals is not frame.f_globals:
+                for name, val in list(frame.f_locals.items()):
+                    yield from _with_attrs(f"`{name}", val, where)
+            frame = frame.f_back
         m = self.run.model
         if isinstance(m, torch.nn.Module):
             for path, mod in m.named_modules():

@@ -1,5 +1,6 @@
 """A tiny job for `resilient-run doctor` tests: `exact`, `bn` (DCGAN-style defect), `rng` (forgotten
-default_rng) or `modrng` (a module of the model draws noise from its own torch.Generator)."""
+default_rng), `localrng` (the same, a local of the training function) or `modrng` (a module of the
+model draws noise from its own torch.Generator)."""
 import sys
 
 import numpy as np
@@ -36,15 +37,23 @@ opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 noise_rng = np.random.default_rng(1234)
 
 run = trainer_shim.init(model=model, optimizer=opt, save_every_steps=5)
-for epoch in run.epochs(int(sys.argv[2]) if len(sys.argv) > 2 else 100):
-    for x, y in run.batches(loader):
-        if mode == "rng":
-            x = x + torch.from_numpy(noise_rng.normal(size=x.shape).astype("float32")) * 0.01
-        opt.zero_grad()
-        loss = nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        opt.step()
-        run.step(loss=loss.item())
-        if mode == "bn" and run.global_step % 10 == 0:
-            model(torch.randn(8, 8))  # "sample" in training mode after run.step(): BatchNorm stats change
+
+
+def train() -> None:
+    local_rng = np.random.default_rng(99)  # `localrng`: a generator only this function's frame holds
+    for epoch in run.epochs(int(sys.argv[2]) if len(sys.argv) > 2 else 100):
+        for x, y in run.batches(loader):
+            if mode in ("rng", "localrng"):
+                gen = noise_rng if mode == "rng" else local_rng
+                x = x + torch.from_numpy(gen.normal(size=x.shape).astype("float32")) * 0.01
+            opt.zero_grad()
+            loss = nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            run.step(loss=loss.item())
+            if mode == "bn" and run.global_step % 10 == 0:
+                model(torch.randn(8, 8))  # "sample" in training mode after run.step(): BatchNorm stats change
+
+
+train()
 run.finish()

@@ -56,6 +56,15 @@ def test_generator_held_by_a_model_module_is_named(tmp_path):
     assert d["component"] == "uncaptured.torch.Generator `model.0.gen` (held by the model)"
 
 
+def test_generator_local_to_the_training_function_is_named(tmp_path):
+    """A loop inside a function (a script's main()): its locals are scanned too (the script's frames only)."""
+    r = run_cli("doctor", "--steps", "8", "--kill-at", "7", "--json", DOCTOR_JOB, "localrng", cwd=tmp_path,
+                timeout=300)
+    assert r.returncode == 1, r.stdout + r.stderr
+    d = json.loads(r.stdout)["divergence"]
+    assert d["step"] == 6 and d["component"] == "uncaptured.numpy Generator `local_rng` (created in doctor_job.py)"
+
+
 def test_word_language_model_with_its_hidden_state_in_run_state_is_exact(tmp_path):
     """pytorch/examples word_language_model's loop: the LSTM state carried across bptt pieces is kept
     in run.state, so the resume in mid-epoch (kill -9 at 7, back from the step-5 save) continues it."""
