@@ -33,6 +33,8 @@ def doctor(
     kill_at: str = typer.Option("17,41", "--kill-at", help="Steps to interrupt at: kill -9, then a Python exception, alternating."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
     keep: Optional[Path] = typer.Option(None, "--keep", help="Keep the scratch run dirs and logs under this directory."),
+    parallel: Optional[bool] = typer.Option(None, "--parallel/--sequential",
+                                            help="Both runs side by side (default unless a GPU is present)."),
 ) -> None:
     """Prove the script resumes exactly: an uninterrupted and an interrupted run in scratch run dirs, compared step by step."""
     from . import cli
@@ -44,7 +46,7 @@ def doctor(
     tokens = list(job)
     spec = resolve_job(tokens, command_mode(cli._argv, tokens))
     res = run_doctor([spec["script"], *spec["args"]] if "script" in spec else ["--", *spec["command"]],
-                     steps=steps, kill_at=points, keep=keep)
+                     steps=steps, kill_at=points, keep=keep, parallel=parallel)
     typer.echo(json.dumps(res.to_json(), indent=2) if as_json else render.doctor_text(res))
     raise typer.Exit(res.exit_code)
 

@@ -7,6 +7,7 @@ spawns supervisors and reads JSON lines.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import json
 import os
@@ -25,6 +26,7 @@ __all__ = ["DoctorResult", "Divergence", "run_doctor", "compare", "read_log", "D
            "EXIT_EXACT", "EXIT_NOT_EXACT", "EXIT_DOCTOR_FAILED"]
 
 DEFAULT_STEPS = 60
+_GPU_NODES = ("/dev/nvidiactl", "/dev/kfd")
 DEFAULT_KILL_AT = (17, 41)
 EXIT_EXACT, EXIT_NOT_EXACT, EXIT_DOCTOR_FAILED = 0, 1, 3
 
@@ -64,6 +66,7 @@ class DoctorResult:
     divergence: Optional[Divergence] = None
     baseline_seconds: float = 0.0
     interrupted_seconds: float = 0.0
+    seconds: float = 0.0          # wall time of both runs (side by side unless --sequential)
     error: Optional[str] = None
 
     @property
@@ -189,11 +192,20 @@ def _supervise(job: list[str], run_dir: Path, env: dict, log: Path, restarts: in
     return rc, time.monotonic() - t0
 
 
-def run_doctor(job: list[str], steps: int = DEFAULT_STEPS, kill_at: tuple[int, ...] = DEFAULT_KILL_AT,
-               keep: Optional[Path] = None) -> DoctorResult:
-    """Baseline run, then the run with faults (kill -9 and a Python exception alternating), compared.
+def gpu_present() -> bool:
+    """A GPU device node (NVIDIA, AMD ROCm): two copies of a job might not fit on it side by side."""
+    return any(os.path.exists(p) for p in _GPU_NODES)
 
-    `job` is `[SCRIPT.py, ARGS...]` or `["--", COMMAND, ARGS...]`; `keep` keeps the scratch dirs there."""
+
+def run_doctor(job: list[str], steps: int = DEFAULT_STEPS, kill_at: tuple[int, ...] = DEFAULT_KILL_AT,
+               keep: Optional[Path] = None, parallel: Optional[bool] = None) -> DoctorResult:
+    """The baseline run and the run with faults (kill -9 and a Python exception alternating), compared.
+
+    `job` is `[SCRIPT.py, ARGS...]` or `["--", COMMAND, ARGS...]`; `keep` keeps the scratch dirs there.
+    The two runs are independent and go side by side (most of a short run is interpreter start-up)
+    unless `parallel` is False, or None on a machine with a GPU."""
+    if parallel is None:
+        parallel = not gpu_present()
     kinds = (FAULT_KILL, FAULT_RAISE)
     faults = ",".join(f"{s}:{kinds[i % 2]}" for i, s in enumerate(kill_at))
     if keep is not None:
@@ -203,11 +215,18 @@ def run_doctor(job: list[str], steps: int = DEFAULT_STEPS, kill_at: tuple[int, .
     try:
         env = {k: v for k, v in os.environ.items() if k != ENV_RUN_DIR}
         env[ENV_DOCTOR_STEPS] = str(steps)
-        logs = {}
-        for name, fault_spec in (("baseline", ""), ("interrupted", faults)):
-            logs[name] = scratch / f"{name}.digests.jsonl"
+        logs = {name: scratch / f"{name}.digests.jsonl" for name in ("baseline", "interrupted")}
+
+        def one(name: str, fault_spec: str) -> tuple[int, float]:
             e = dict(env, **{ENV_DOCTOR: str(logs[name]), ENV_DOCTOR_FAULTS: fault_spec})
-            rc, secs = _supervise(job, scratch / name, e, scratch / f"{name}.log", len(kill_at) + 2)
+            return _supervise(job, scratch / name, e, scratch / f"{name}.log", len(kill_at) + 2)
+
+        t0 = time.monotonic()
+        with concurrent.futures.ThreadPoolExecutor(2 if parallel else 1) as pool:
+            done = {"baseline": pool.submit(one, "baseline", ""), "interrupted": pool.submit(one, "interrupted", faults)}
+            results = {name: f.result() for name, f in done.items()}
+        res.seconds = round(time.monotonic() - t0, 3)
+        for name, (rc, secs) in results.items():
             setattr(res, f"{name}_seconds", round(secs, 3))
             if rc != 0:
                 tail = (scratch / f"{name}.log").read_text(errors="replace").strip().splitlines()[-1:]
