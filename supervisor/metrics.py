@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Optional, Union
 
-from trainer_shim.rundir import MANIFEST_NAME, RunDir, atomic_write_bytes, checkpoint_roots, newest_valid
+from trainer_shim.rundir import RunDir, atomic_write_bytes, checkpoint_roots, commit_age, newest_valid
 
 from .classify import Kind
 from .heartbeat import HeartbeatMonitor
@@ -165,12 +165,7 @@ def collect(rd: RunDir, monitor: Optional[HeartbeatMonitor], *, attempts_total: 
     if monitor is not None and monitor.tracks:
         hb_age = round(time.monotonic() - min(t.changed_at for t in monitor.tracks.values()), 3)
     latest = newest_valid(checkpoint_roots(rd), exclude=poisoned)
-    ckpt_age = None
-    if latest is not None:
-        try:
-            ckpt_age = max(0.0, time.time() - (latest.path / MANIFEST_NAME).stat().st_mtime)
-        except OSError:
-            pass
+    ckpt_age = commit_age(latest.path) if latest is not None else None
     return MetricsSnapshot(
         run=rd.root.resolve().name, up=monitor is not None, attempts_total=attempts_total,
         failures_by_kind=dict(failures), heartbeat_age_s=hb_age,

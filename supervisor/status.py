@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from trainer_shim.rundir import (
-    MANIFEST_NAME, ContractError, Event, InvalidCheckpoint, RunDir, RunState, checkpoint_roots, inspect_checkpoint,
+    ContractError, Event, commit_age, InvalidCheckpoint, RunDir, RunState, checkpoint_roots, inspect_checkpoint,
     iter_checkpoint_dirs, newest_valid, read_events, read_heartbeat, read_index, read_json,
 )
 
@@ -150,12 +150,7 @@ def read_status(rd: RunDir) -> StatusReport:
     events = read_events(rd)
     last_failure = _last_failure(events)
     latest = newest_valid(checkpoint_roots(rd))
-    ckpt_age = None
-    if latest is not None:
-        try:
-            ckpt_age = max(0.0, time.time() - (latest.path / MANIFEST_NAME).stat().st_mtime)
-        except OSError:
-            pass
+    ckpt_age = commit_age(latest.path) if latest is not None else None
     try:
         free = shutil.disk_usage(rd.root).free
     except OSError:

@@ -128,19 +128,25 @@ def test_hung_rank_is_named_both_stacks_dumped_and_resume_is_exact(reference: Pa
     assert_same_weights(out, reference / "out")
 
 
-def test_sigterm_to_supervisor_saves_all_ranks_at_one_step_and_rerun_is_exact(reference: Path, tmp_path: Path):
-    (tmp_path / "stop").mkdir()
-    rd, out = tmp_path / "stop" / "run", tmp_path / "stop" / "out"
-    args = ("--nproc-per-node", "2", "--run-dir", str(rd), *FAST, DDP_JOB, "--out-dir", str(out))
-    sup = start_cli(*args[:-2], "--out-dir", str(out), "--step-sleep", "0.3")
+def _stopped_at_step(rd: Path, step: int, ranks: tuple[int, ...], *cli_args: str):
+    """Start the supervisor, SIGTERM it once every rank in `ranks` is at `step`; the ended process."""
+    sup = start_cli(*cli_args)
     try:
-        wait_until(lambda: (heartbeat(rd, 0) or {}).get("step", 0) >= 6 and (heartbeat(rd, 1) or {}).get("step", 0) >= 6,
-                   timeout=60, what="both ranks at step 6")
+        wait_until(lambda: all((heartbeat(rd, r) or {}).get("step", 0) >= step for r in ranks), timeout=60,
+                   what=f"ranks {ranks} at step {step}")
         sup.send_signal(signal.SIGTERM)
         sup.wait(60)
     finally:
         if sup.poll() is None:
             kill_group(sup)
+    return sup
+
+
+def test_sigterm_to_supervisor_saves_all_ranks_at_one_step_and_rerun_is_exact(reference: Path, tmp_path: Path):
+    (tmp_path / "stop").mkdir()
+    rd, out = tmp_path / "stop" / "run", tmp_path / "stop" / "out"
+    args = ("--nproc-per-node", "2", "--run-dir", str(rd), *FAST, DDP_JOB, "--out-dir", str(out))
+    sup = _stopped_at_step(rd, 6, (0, 1), *args[:-2], "--out-dir", str(out), "--step-sleep", "0.3")
     assert sup.returncode == 75, sup.stderr.read()[-3000:]
     assert ended_kinds(rd) == ["preempted"]
     hbs = [heartbeat(rd, r) for r in (0, 1)]
@@ -161,15 +167,8 @@ def test_a_stop_of_a_one_rank_torchrun_is_preempted_not_crash(tmp_path: Path):
     # torchrun exits 1 (SignalException) after its only rank saved and exited 75: the ranks'
     # `stopping` beats say what happened, as they do for two ranks.
     rd = tmp_path / "run"
-    sup = start_cli("--nproc-per-node", "1", "--run-dir", str(rd), *FAST, DDP_JOB, "--out-dir", str(tmp_path / "out"),
-                    "--step-sleep", "0.3")
-    try:
-        wait_until(lambda: (heartbeat(rd, 0) or {}).get("step", 0) >= 3, timeout=60, what="rank 0 at step 3")
-        sup.send_signal(signal.SIGTERM)
-        sup.wait(60)
-    finally:
-        if sup.poll() is None:
-            kill_group(sup)
+    sup = _stopped_at_step(rd, 3, (0,), "--nproc-per-node", "1", "--run-dir", str(rd), *FAST, DDP_JOB,
+                           "--out-dir", str(tmp_path / "out"), "--step-sleep", "0.3")
     assert sup.returncode == 75, sup.stderr.read()[-3000:]
     assert ended_kinds(rd) == ["preempted"]
     assert "its rank saved a preempt checkpoint" in events(rd, "attempt_ended")[0]["evidence"]

@@ -71,7 +71,7 @@ from .layout import (
 )
 from .manifest import (
     FORMAT_VERSION, MANIFEST_NAME, CheckpointInfo, CheckpointKind, FileEntry, Manifest, digest_file,
-    inspect_checkpoint, new_hasher, safe_member,
+    commit_age, inspect_checkpoint, new_hasher, safe_member,
 )
 from .records import (
     HEARTBEAT_FIELDS, ErrorRecord, HeartbeatRecord, Phase, RunState, StandbyMessage, SupervisorState, read_heartbeat,
@@ -111,7 +111,7 @@ __all__ = [
     "poisoned_checkpoints",
     # checkpoints
     "FORMAT_VERSION", "MANIFEST_NAME", "CheckpointKind", "FileEntry", "Manifest", "CheckpointInfo",
-    "new_hasher", "digest_file", "safe_member", "inspect_checkpoint", "iter_checkpoint_dirs", "newest_valid",
+    "new_hasher", "digest_file", "safe_member", "inspect_checkpoint", "commit_age", "iter_checkpoint_dirs", "newest_valid",
     "repoint_latest", "index_entry", "read_index", "checkpoint_roots",
     "ENV_DOCTOR", "ENV_DOCTOR_FAULTS", "ENV_DOCTOR_STEPS", "EVENT_FIRST_STEP", "EVENT_CHECKPOINT_SAVED", "MARK_STEP",
     "MARK_BATCH", "MARK_EPOCH", "FAULT_KILL", "FAULT_RAISE", "parse_faults",

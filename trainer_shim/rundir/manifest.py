@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Optional
@@ -15,6 +16,7 @@ from .errors import InvalidCheckpoint
 from .layout import inside
 
 __all__ = [
+    "commit_age",
     "FORMAT_VERSION", "MANIFEST_NAME", "CheckpointKind", "FileEntry", "Manifest", "CheckpointInfo",
     "new_hasher", "digest_file", "safe_member", "inspect_checkpoint",
 ]
@@ -206,3 +208,11 @@ def inspect_checkpoint(path: Path, *, full: bool = False, root: Optional[Path] =
     for rel, ent in manifest.files.items():
         _check_member(path, rel, ent, digest=full and rel in hashed)
     return CheckpointInfo(path, manifest)
+
+
+def commit_age(path: Path) -> Optional[float]:
+    """Seconds since the checkpoint at `path` was committed (its MANIFEST.json was written), or None."""
+    try:
+        return max(0.0, time.time() - (Path(path) / MANIFEST_NAME).stat().st_mtime)
+    except OSError:
+        return None
