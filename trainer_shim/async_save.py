@@ -221,9 +221,9 @@ class FastSaver:
             if info.step < disk_step or (info.step == disk_step and not same):
                 return False
             try:
-                # Sizes only, no digest pass: the slot is ours (owner, 0600) and its manifest was
-                # written after its digests, so it is complete; persisting it re-verifies them.
-                restoring._apply(run, info.path, verify=False)
+                # Every digest: the small members against the manifest, each tensor against its
+                # table before it is copied into the live state (no whole-region pass).
+                restoring._apply(run, info.path, verify=True)
             except CheckpointError as e:
                 restoring.reject(run, info.path, str(e))
                 continue

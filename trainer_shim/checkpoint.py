@@ -19,7 +19,7 @@ from typing import Any, Optional
 
 import torch
 
-from . import rundir, snapshot_store
+from . import raw_tensors, rundir, snapshot_store
 from .errors import CheckpointError
 from .rundir import CheckpointKind, FileEntry, Manifest
 
@@ -198,40 +198,53 @@ def describe_os_error(e: OSError) -> str:
     return f"{code + ': ' if code else ''}{e.strerror or e}"
 
 
-def load_file(ckpt_dir: Path, fname: str) -> Any:
-    """torch.load one verified member with weights_only=True; CheckpointError names file and reason."""
+def load_file(ckpt_dir: Path, fname: str, into: Any = None) -> Any:
+    """torch.load one member with weights_only=True; CheckpointError names file and reason.
+
+    A split member (memory snapshot format: `<fname>.tensors` + `<fname>.table`) has its tensors
+    verified and copied straight into the tensors at the same places in `into` (a live state
+    dict); when that filled every one of them and nothing else differs, `into` itself is
+    returned (the state is already applied), else the state with fresh tensors where needed.
+    """
     path = Path(ckpt_dir) / fname
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
-        tpath = path.with_name(fname + rundir.TENSORS_SUFFIX)
-        if not tpath.exists():
-            return obj
-        # Split member (memory snapshot format): the skeleton's markers name tensors in the list,
-        # mapped (no read into a temporary); every tensor is copied out before it is used, so a
-        # slot rewritten in place later cannot change what was loaded.
-        tensors = torch.load(tpath, map_location="cpu", weights_only=True, mmap=True)
-        return _fill(obj, tensors, own=fname != MODEL_FILE)
     except Exception as e:  # weights_only refusals are UnpicklingError; corrupt zips RuntimeError
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise CheckpointError(f"{fname}: torch.load(weights_only=True) refused it: {type(e).__name__}: {first}") from e
+    tpath = path.with_name(fname + rundir.TENSORS_SUFFIX)
+    if not tpath.exists():
+        return obj
+    targets: dict[int, Any] = {}
+    same = raw_tensors.match(obj, into, targets)
+    tensors = raw_tensors.load(tpath, targets)
+    if into is not None and same and all(t is targets.get(i) for i, t in enumerate(tensors)):
+        return into
+    return _fill(obj, tensors)
 
 
-def _fill(obj: Any, tensors: list, own: bool) -> Any:
-    """Replace TENSOR_REF markers by tensors[i] (cloned when `own`; the model's are copied by
-    load_state_dict anyway)."""
+def _fill(obj: Any, tensors: list) -> Any:
+    """Replace TENSOR_REF markers by tensors[i]."""
     if isinstance(obj, str) and obj.startswith(rundir.TENSOR_REF):
-        t = tensors[int(obj[len(rundir.TENSOR_REF):])]
-        return t.clone() if own else t
+        return tensors[int(obj[len(rundir.TENSOR_REF):])]
     if isinstance(obj, dict):
-        new = type(obj)((k, _fill(v, tensors, own)) for k, v in obj.items())
+        new = type(obj)((k, _fill(v, tensors)) for k, v in obj.items())
         if hasattr(obj, "_metadata"):
             new._metadata = obj._metadata  # type: ignore[attr-defined]
         return new
     if isinstance(obj, list):
-        return [_fill(v, tensors, own) for v in obj]
+        return [_fill(v, tensors) for v in obj]
     if isinstance(obj, tuple):
-        return tuple(_fill(v, tensors, own) for v in obj)
+        return tuple(_fill(v, tensors) for v in obj)
     return obj
+
+
+def raw_covered(files: dict[str, FileEntry]) -> list[str]:
+    """Members whose whole-file digest is worth computing: not the raw tensor regions, whose
+    tensors are each verified against their (digest-checked) table while they are loaded."""
+    def covered(n: str) -> bool:
+        return n.endswith(rundir.TENSORS_SUFFIX) and n[:-len(rundir.TENSORS_SUFFIX)] + rundir.TABLE_SUFFIX in files
+    return [n for n in files if not covered(n)]
 
 
 def rank_file(rank: int) -> str:
@@ -268,12 +281,12 @@ def commit_members(ckpt_root: Path, tmp: Path, snap: Snapshot, files: dict[str, 
 
 
 def read_checkpoint(ckpt_dir: Path, *, root: Optional[Path] = None, model_only: bool = False,
-                    names: Optional[list[str]] = None,
-                    verify: bool = True) -> tuple[rundir.CheckpointInfo, dict[str, Any]]:
-    """Verify digests (unless the caller just did), then load every member (or `names`) safely;
-    CheckpointError with the reason."""
+                    names: Optional[list[str]] = None, verify: bool = True,
+                    into: Optional[dict[str, Any]] = None) -> tuple[rundir.CheckpointInfo, dict[str, Any]]:
+    """Verify digests (unless the caller just did), then load every member (or `names`) safely,
+    split members straight into `into[name]` (see load_file); CheckpointError with the reason."""
     try:
-        info = rundir.inspect_checkpoint(Path(ckpt_dir), full=verify, root=root)
+        info = rundir.inspect_checkpoint(Path(ckpt_dir), full=verify, root=root, digest_only=raw_covered)
     except rundir.InvalidCheckpoint as e:
         raise CheckpointError(e.reason) from e
     if names is not None:
@@ -285,5 +298,5 @@ def read_checkpoint(ckpt_dir: Path, *, root: Optional[Path] = None, model_only: 
     for fname in names:
         if fname not in info.manifest.files:
             raise CheckpointError(f"{fname} is not in the manifest")
-        out[fname] = load_file(info.path, fname)
+        out[fname] = load_file(info.path, fname, (into or {}).get(fname))
     return info, out

@@ -1,15 +1,17 @@
 """Write a checkpoint into a shared-memory slot with the training stall of a memory copy.
 
 A slot (`/dev/shm/resilient-run-<hash>-<slot>/`, 0700, files 0600) holds the members of a
-normal checkpoint. model.pt and optimizer.pt are split: `<member>.tensors` is a torch.save'd
-flat list of the state's tensors, mapped MAP_SHARED once and then updated in place with
-`copy_` (the preallocated buffers *are* the slot), and `<member>` is the small skeleton with
-TENSOR_REF markers, rewritten each time (it holds lr, step counts ...). A structure change
-(new optimizer state, another shape) rewrites the tensor file once.
+normal checkpoint. model.pt and optimizer.pt are split (trainer_shim.raw_tensors):
+`<member>.tensors` holds the state's tensor bytes, mapped MAP_SHARED once and then updated in
+place with `copy_` (the preallocated buffers *are* the slot), `<member>.table` says where each
+tensor is and its digest, and `<member>` is the small skeleton with TENSOR_REF markers, rewritten
+each time (it holds lr, step counts ...). A structure change (new optimizer state, another shape)
+recreates the tensor file once.
 
 Order of a snapshot: unlink MANIFEST.json (the slot stops being complete), copy, then
-`finalize()` hashes the members and writes MANIFEST.json last; a kill in between leaves a slot
-nobody uses. `fill()` is what training waits for; `finalize()` may run on the writer thread.
+`finalize()` hashes the tensors (table) and the members and writes MANIFEST.json last; a kill
+in between leaves a slot nobody uses. `fill()` is what training waits for; `finalize()` may run
+on the writer thread.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any, Optional
 import torch
 
 from . import checkpoint as ckpt
+from . import raw_tensors as raw
 from . import rundir, snapshot_store
 from .rundir import FileEntry, Manifest
 
@@ -94,6 +97,7 @@ class Slot:
         self.path = path
         self.views: dict[str, list] = {}     # member -> tensors mapped MAP_SHARED from <member>.tensors
         self.layouts: dict[str, list] = {}
+        self.regions: dict[str, tuple[mmap.mmap, list]] = {}  # member -> (its mapping, table entries)
         self.pending: list[str] = []         # split members whose tensors wait in the staging buffers
 
     def prepare(self) -> Optional[str]:
@@ -127,19 +131,16 @@ class Slot:
         flush() completes the slot); the caller's tensors may change right after either way."""
         self.invalidate()
         self.pending = []
-        for name in list(self.views):
-            if name not in files:
-                self.views.pop(name)
-                self.layouts.pop(name, None)
         present = set()
         for name, obj in files.items():
             present.add(name)
-            if name not in SPLIT:
+            tensors: list = []
+            skel = split(obj, tensors) if name in SPLIT else obj
+            if name not in SPLIT or raw.plan(tensors) is None:  # e.g. a sparse tensor: stored whole
+                self._forget(name)
                 _write_new(self.path / name, obj)
                 continue
-            tensors: list = []
-            skel = split(obj, tensors)
-            present.add(name + rundir.TENSORS_SUFFIX)
+            present.update((name + rundir.TENSORS_SUFFIX, name + rundir.TABLE_SUFFIX))
             if staging is not None:
                 staging.put(name, tensors)
                 self.pending.append(name)
@@ -149,6 +150,14 @@ class Slot:
         for ent in os.scandir(self.path):  # members of an older layout (e.g. an optimizer since dropped)
             if ent.name not in present:
                 os.unlink(ent.path)
+        for name in list(self.views):
+            if name + rundir.TENSORS_SUFFIX not in present:
+                self._forget(name)
+
+    def _forget(self, name: str) -> None:
+        self.views.pop(name, None)
+        self.layouts.pop(name, None)
+        self.regions.pop(name, None)
 
     def flush(self, staging: Staging) -> None:
         """Writer thread: move the staged tensors into the slot's mapped files."""
@@ -167,20 +176,31 @@ class Slot:
             self._remap(name, tpath, tensors)
 
     def _remap(self, name: str, tpath: Path, tensors: list) -> None:
-        """(Re)write the tensor list with torch.save and map it shared, so later copies go in place."""
-        self.views.pop(name, None)
-        _write_new(tpath, [t.detach().cpu() for t in tensors])
-        with torch.serialization.set_default_mmap_options(mmap.MAP_SHARED):
-            self.views[name] = torch.load(tpath, map_location="cpu", weights_only=True, mmap=True)
-        self.layouts[name] = _layout(tensors)
+        """(Re)create the raw region and map it shared, so later copies go in place."""
+        self._forget(name)
+        entries = raw.plan(tensors)
+        assert entries is not None  # fill() stores members that cannot be raw whole
+        mm = raw.create(tpath, entries)
+        views = [raw.view(mm, e) for e in entries]
+        with torch.no_grad():
+            for dst, src in zip(views, tensors):
+                dst.copy_(src)
+        self.views[name], self.layouts[name], self.regions[name] = views, _layout(tensors), (mm, entries)
 
     def finalize(self, snap: ckpt.Snapshot, meta: dict[str, Any]) -> Manifest:
-        """Hash the members and write MANIFEST.json last: from now on the slot is a complete snapshot."""
+        """Hash the tensors (their table) and the members, write MANIFEST.json last: from now on
+        the slot is a complete snapshot."""
+        known = {}
+        for name, (mm, table) in self.regions.items():
+            table, whole = raw.digests(mm, table)
+            rundir.atomic_write_bytes(self.path / (name + rundir.TABLE_SUFFIX), raw.table_bytes(table), durable=False)
+            known[name + rundir.TENSORS_SUFFIX] = whole
         entries = {}
         for ent in sorted(os.scandir(self.path), key=lambda e: e.name):
             if ent.name == rundir.MANIFEST_NAME or ent.name.endswith(".new"):
                 continue
-            entries[ent.name] = FileEntry(os.path.getsize(ent.path), rundir.digest_file(Path(ent.path)))
+            dig = known.get(ent.name) or rundir.digest_file(Path(ent.path))
+            entries[ent.name] = FileEntry(os.path.getsize(ent.path), dig)
         manifest = ckpt._manifest(snap, entries, meta)
         rundir.atomic_write_bytes(self.path / rundir.MANIFEST_NAME, snapshot_store.manifest_bytes(manifest),
                                   durable=False)
@@ -189,6 +209,7 @@ class Slot:
     def close(self) -> None:
         self.views.clear()
         self.layouts.clear()
+        self.regions.clear()
 
 
 class Slots:

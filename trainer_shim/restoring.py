@@ -137,7 +137,10 @@ def _load_members(run: Run, path: Path, verify: bool) -> tuple[rundir.Checkpoint
     else:  # per-rank state; a rank the old world did not have continues from rank 0's
         mine = ckpt.rank_file(run.rank if run.rank < hm.world_size else 0)
     names = [mine] if hm.sharded else [ckpt.MODEL_FILE, ckpt.OPTIMIZER_FILE, mine]
-    info, files = ckpt.read_checkpoint(path, names=names, verify=verify)
+    # Live state dicts: a memory snapshot's tensors are copied straight into them (no unpickling).
+    live = {} if hm.sharded else {ckpt.MODEL_FILE: run.model.state_dict() if run.model is not None else None,
+                                  ckpt.OPTIMIZER_FILE: run.optimizer.state_dict() if run.optimizer else None}
+    info, files = ckpt.read_checkpoint(path, names=names, verify=verify, into=live)
     tr = files.get(mine)
     if not isinstance(tr, dict) or "rng" not in tr:
         raise CheckpointError(f"{mine} lacks trainer state")
@@ -150,7 +153,8 @@ def _load_members(run: Run, path: Path, verify: bool) -> tuple[rundir.Checkpoint
     elif run.model is not None:
         if ckpt.MODEL_FILE not in files:
             raise CheckpointError(f"{ckpt.MODEL_FILE} missing")
-        run.model.load_state_dict(files[ckpt.MODEL_FILE])
+        if files[ckpt.MODEL_FILE] is not live[ckpt.MODEL_FILE]:  # else: already copied in place
+            run.model.load_state_dict(files[ckpt.MODEL_FILE])
     if run.optimizer is not None and ckpt.OPTIMIZER_FILE in files:
         run.optimizer.load_state_dict(files[ckpt.OPTIMIZER_FILE])
     for obj, key in ((run.scheduler, "scheduler"), (run.scaler, "scaler")):

@@ -79,7 +79,8 @@ from .records import (
 )
 from .selection import iter_checkpoint_dirs, newest_valid, repoint_latest
 from .snapshots import (
-    SHM_DIR, SNAPSHOT_PREFIX, SNAPSHOT_SLOTS, TENSOR_REF, TENSORS_SUFFIX, snapshot_slot_paths, untrusted_slot_reason,
+    SHM_DIR, SNAPSHOT_PREFIX, SNAPSHOT_SLOTS, TABLE_SUFFIX, TENSOR_REF, TENSORS_SUFFIX, snapshot_slot_paths,
+    untrusted_slot_reason,
 )
 from .stepmark import STEP_MARK_SIZE, StepMark, reached_step, read_step_mark
 from .policies import (
@@ -119,6 +120,7 @@ __all__ = [
     "HF_PREFIX", "hf_checkpoint_name", "parse_hf_checkpoint_name", "ROOTS_FILE", "roots_file", "read_extra_roots",
     "record_extra_root", "LIGHTNING_CKPT",
     # memory snapshot slots (issue 14)
-    "SHM_DIR", "SNAPSHOT_PREFIX", "SNAPSHOT_SLOTS", "TENSORS_SUFFIX", "TENSOR_REF", "snapshot_slot_paths",
+    "SHM_DIR", "SNAPSHOT_PREFIX", "SNAPSHOT_SLOTS", "TABLE_SUFFIX", "TENSORS_SUFFIX", "TENSOR_REF",
+    "snapshot_slot_paths",
     "untrusted_slot_reason",
 ]

@@ -2,9 +2,11 @@
 
 A memory snapshot is a checkpoint directory on tmpfs (`/dev/shm/resilient-run-<hash>-<slot>/`),
 0700 with 0600 files, in the disk member format, its MANIFEST.json (digests) written last; so
-the supervisor persists one by copying bytes. Big tensors live in `<member>.tensors` (a
-torch.save'd flat list the shim updates in place); `<member>` then holds the small skeleton whose
-tensor leaves are TENSOR_REF markers. Events: Event.CHECKPOINT_PERSISTED_BY_SUPERVISOR {path,
+the supervisor persists one by copying bytes. Big tensors live in `<member>.tensors` (their raw
+bytes back to back, updated in place by the shim) described by `<member>.table` (JSON: dtype,
+shape, stride, offset, nbytes and xxh3_64 digest per tensor, written before MANIFEST.json);
+`<member>` then holds the small skeleton whose tensor leaves are TENSOR_REF markers (index i is
+table entry i). Events: Event.CHECKPOINT_PERSISTED_BY_SUPERVISOR {path,
 step}, Event.SAVE_SKIPPED {step, target, reason}; async writer failures are CHECKPOINT_FAILED
 with `background: true`.
 """
@@ -21,7 +23,8 @@ import xxhash
 SHM_DIR = Path("/dev/shm")
 SNAPSHOT_PREFIX = "resilient-run-"
 SNAPSHOT_SLOTS = 2                 # at most two snapshot slots per run dir (node)
-TENSORS_SUFFIX = ".tensors"        # the member holding the raw tensor list of `<member>`
+TENSORS_SUFFIX = ".tensors"        # the member holding the raw tensor bytes of `<member>`
+TABLE_SUFFIX = ".table"            # the member describing them (trainer_shim.raw_tensors)
 TENSOR_REF = "\x00rr-tensor:"      # skeleton leaf standing for tensors[i] (NUL: never user text)
 
 

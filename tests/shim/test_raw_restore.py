@@ -1,0 +1,83 @@
+"""Memory snapshots in the raw layout (issue 14): a restart restores by copying verified bytes
+straight into the live tensors, materialises optimizer state that does not exist yet, refuses a
+corrupt tensor before any live byte changes, and a slot persisted to disk loads with the one reader."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import torch
+
+from tests.conftest import JOBS, PYTHON, child_env
+from tests.save_modes import PLAIN, shm_segments
+from trainer_shim import checkpoint as ckpt
+from trainer_shim import rundir, snapshot_store
+
+from .helpers import events
+
+JOB = JOBS / "raw_restore_job.py"
+
+
+def _job(run_dir: Path, expect: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([PYTHON, str(JOB), *args, "--run-dir", str(run_dir), "--expect", str(expect)],
+                          env=child_env(**PLAIN), capture_output=True, text=True, timeout=180)
+
+
+def _snapped(tmp_path: Path) -> tuple[Path, Path]:
+    run_dir, expect = tmp_path / "run", tmp_path / "expect.pt"
+    p = _job(run_dir, expect, "snap")
+    assert p.returncode == -9, p.stderr[-2000:]
+    return run_dir, expect
+
+
+def _restored(run_dir: Path, expect: Path, *args: str) -> dict:
+    p = _job(run_dir, expect, "restore", *args)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def test_a_restart_copies_the_snapshot_into_the_live_tensors_bit_exact(tmp_path: Path) -> None:
+    run_dir, expect = _snapped(tmp_path)
+    slot = snapshot_store.complete_slots(run_dir)[0].path
+    assert (slot / (ckpt.MODEL_FILE + rundir.TABLE_SUFFIX)).exists(), "the slot is not in the raw layout"
+    # Optimizer state exists (one step of the new process's own): everything lands in place.
+    warm = _restored(run_dir, expect, "--warm-optimizer")
+    assert warm["step"] == 3 and warm["equal"] and not warm["initial"], warm
+    want = torch.load(expect, weights_only=True)
+    assert warm["in_place"] == sorted(want), "a restored tensor is not the live tensor it replaces"
+    assert not shm_segments(run_dir), "finish() left the memory slots behind"
+
+
+def test_optimizer_state_that_does_not_exist_yet_is_materialised(tmp_path: Path) -> None:
+    run_dir, expect = _snapped(tmp_path)
+    cold = _restored(run_dir, expect)
+    assert cold["step"] == 3 and cold["equal"], cold
+    assert cold["in_place"] == sorted(k for k in torch.load(expect, weights_only=True) if k.startswith("model."))
+
+
+def test_a_persisted_slot_loads_on_disk_and_a_corrupt_tensor_is_refused_before_any_live_byte_changes(
+        tmp_path: Path) -> None:
+    run_dir, expect = _snapped(tmp_path)
+    # The supervisor's torch-free copy (elsewhere: not a resume candidate) reads back with the one reader.
+    final = snapshot_store.persist(snapshot_store.complete_slots(run_dir)[0], tmp_path / "elsewhere")
+    assert final is not None
+    _info, files = ckpt.read_checkpoint(final)  # every digest: whole files and each tensor
+    want = torch.load(expect, weights_only=True)
+    for k, v in files[ckpt.MODEL_FILE].items():
+        assert torch.equal(v, want[f"model.{k}"]), k
+    for i, st in files[ckpt.OPTIMIZER_FILE]["state"].items():
+        assert torch.equal(st["exp_avg_sq"], want[f"opt.{i}.exp_avg_sq"]), i
+    for slot in shm_segments(run_dir):  # one flipped byte in the middle of each slot's model tensors
+        region = slot / (ckpt.MODEL_FILE + rundir.TENSORS_SUFFIX)
+        with open(region, "r+b") as f:
+            f.seek(region.stat().st_size // 2)
+            b = f.read(1)
+            f.seek(-1, 1)
+            f.write(bytes([b[0] ^ 0xFF]))
+    got = _restored(run_dir, expect)
+    assert got["step"] == 0 and got["initial"], f"a corrupt snapshot changed the live model: {got}"
+    reasons = [e["reason"] for e in events(run_dir, rundir.Event.CHECKPOINT_REJECTED)]
+    assert len(reasons) == 2 and all("digest mismatch" in r for r in reasons), reasons
+    assert not shm_segments(run_dir)
