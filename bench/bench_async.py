@@ -7,6 +7,9 @@ One table, measured ratio vs goal:
   same state into preallocated buffers (`buf.copy_(t)`); a fresh `t.clone()` and a bare
   `torch.save`+fsync shown beside it;
 - steps/s while the background write runs / steps/s without saving;
+- DLRover Flash Checkpoint (optional extra `[bench]`) in a child process: its memory-save stall
+  and its restore beside the same floor and torch.load, measured there; skipped with a note when
+  it is not installed or does not finish;
 - restore from a memory snapshot left by a kill -9 (a child process; every digest verified, then
   copied into the live tensors) / bare `torch.load` of the same state from a file: into live
   optimizer state, and into an optimizer without state yet (as after a restart: materialised);
@@ -17,6 +20,8 @@ Each figure is the median of its rounds; sides alternate so machine load hits bo
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import json
 import mmap
 import os
 import signal
@@ -27,6 +32,7 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
+from typing import Optional
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -187,6 +193,46 @@ def bench_restore(tmp: Path, mb: int, rounds: int) -> tuple[dict[str, float], st
     return {k: statistics.median(v) for k, v in res.items()}, line
 
 
+DLROVER_TIMEOUT = 180.0
+DLROVER_SHM_PREFIX = "ckpt_shm_"  # its shared-memory segments (it leaves them behind after exit)
+
+
+def bench_dlrover(tmp: Path, mb: int, rounds: int) -> tuple[Optional[dict[str, float]], str]:
+    """DLRover's figures from bench/dlrover_child.py (its own process group); (None, why) when it
+    is not installed or does not finish. Whatever it leaves in /dev/shm and its socket dir is removed."""
+    if importlib.util.find_spec("dlrover") is None:
+        return None, 'not installed (pip install -e ".[bench]" -c constraints-dev.txt)'
+    sock = Path("/tmp/ckpt_sock")  # DLRover's fixed socket dir
+    before = set(os.listdir("/dev/shm")), set(os.listdir(sock)) if sock.is_dir() else set()
+    child = Path(__file__).with_name("dlrover_child.py")
+    late = ""
+    # Files, not pipes: its forked saver inherits them and would keep a pipe open forever.
+    with open(tmp / "dlrover.out", "w") as fo, open(tmp / "dlrover.err", "w") as fe:
+        p = subprocess.Popen([sys.executable, str(child), "--mb", str(mb), "--rounds", str(rounds), "--dir",
+                              str(tmp)], stdout=fo, stderr=fe, start_new_session=True)
+        try:
+            p.wait(timeout=DLROVER_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            late = f"no result within {DLROVER_TIMEOUT:.0f} s"
+        finally:  # its forked saver (same session) outlives it otherwise
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait()
+            for name in set(os.listdir("/dev/shm")) - before[0]:
+                if name.startswith(DLROVER_SHM_PREFIX):  # only what DLRover made while it ran
+                    Path("/dev/shm", name).unlink(missing_ok=True)
+            for name in (set(os.listdir(sock)) if sock.is_dir() else set()) - before[1]:
+                (sock / name).unlink(missing_ok=True)
+    out, err = (tmp / "dlrover.out").read_text(), (tmp / "dlrover.err").read_text() + late
+    lines = [ln for ln in out.splitlines() if ln.startswith("{")]
+    if not lines:
+        last = (err.strip().splitlines() or ["no output"])[-1]
+        return None, f"did not run here: {last[:160]}"
+    return json.loads(lines[-1]), "DdpCheckpointer, standalone (its forked saver alive)"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--mb", type=int, default=256)
@@ -198,6 +244,7 @@ def main() -> None:
             s = bench_stall(tmp, args.mb, args.rounds)
             quiet, busy = bench_throughput(tmp, args.mb, args.rounds)
             r, line = bench_restore(tmp, args.mb, args.rounds)
+            dl, dl_note = bench_dlrover(tmp, args.mb, args.rounds)
         finally:  # no /dev/shm slot outlives the bench, whatever happened
             for sub in ("stall", "tput", "restore"):
                 snapshot_store.free(tmp / sub)
@@ -215,10 +262,19 @@ def main() -> None:
         (f"  (floor: map + xxh3 + copy_ of the slot's bytes / torch.load, {r['floor']:.3f} s)",
          r["floor"] / r["bare"], "-"),
     ]
+    if dl is not None:
+        rows += [
+            (f"DLRover memory save stall / its floor ({dl['save']:.3f} s vs {dl['floor']:.3f} s)",
+             dl["save"] / dl["floor"], "(ours: first row)"),
+            (f"DLRover load_checkpoint (views of its shm) / torch.load ({dl['load']:.3f} s vs {dl['bare']:.3f} s)",
+             dl["load"] / dl["bare"], "(unverified)"),
+            (f"DLRover load + load_state_dict / torch.load ({dl['apply']:.3f} s)", dl["apply"] / dl["bare"],
+             "(unverified)"),
+        ]
     print(f"{'figure':<72} {'ratio':>7}  goal")
     for name, ratio, goal in rows:
         print(f"{name:<72} {ratio:>7.3f}  {goal}")
-    print("DLRover: not run (see the issue-14 report: not installed here)")
+    print(f"DLRover: {dl_note}" + ("" if dl is not None else "; its rows are skipped"))
 
 
 if __name__ == "__main__":

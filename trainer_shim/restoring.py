@@ -138,8 +138,9 @@ def _load_members(run: Run, path: Path, verify: bool) -> tuple[rundir.Checkpoint
         mine = ckpt.rank_file(run.rank if run.rank < hm.world_size else 0)
     names = [mine] if hm.sharded else [ckpt.MODEL_FILE, ckpt.OPTIMIZER_FILE, mine]
     # Live state dicts: a memory snapshot's tensors are copied straight into them (no unpickling).
-    live = {} if hm.sharded else {ckpt.MODEL_FILE: run.model.state_dict() if run.model is not None else None,
-                                  ckpt.OPTIMIZER_FILE: run.optimizer.state_dict() if run.optimizer else None}
+    live = {} if hm.sharded else {
+        ckpt.MODEL_FILE: run.model.state_dict() if run.model is not None else None,
+        ckpt.OPTIMIZER_FILE: run.optimizer.state_dict() if run.optimizer is not None else None}
     info, files = ckpt.read_checkpoint(path, names=names, verify=verify, into=live)
     tr = files.get(mine)
     if not isinstance(tr, dict) or "rng" not in tr:
