@@ -93,11 +93,14 @@ class FastSaver:
             with self.run._saves.stall(CheckpointKind.STEP):  # the stall only, not the background write
                 self.save_async(CheckpointKind.STEP, finalize_now=memory_due)
             return
-        if disk_due:
-            self.run._save(CheckpointKind.STEP)
+        # The memory snapshot first (a memory copy): a kill during the synchronous disk save then
+        # resumes at this step, not at the previous snapshot. The other order made every kill
+        # inside the save lose the step again, and three in a row read as a crash loop (poisoned).
         if memory_due:
             with self.run._saves.stall(CheckpointKind.STEP, event=False):
                 self.memory_snapshot()
+        if disk_due:
+            self.run._save(CheckpointKind.STEP)
 
     def report(self) -> None:
         with self._cv:
