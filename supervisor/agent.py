@@ -208,7 +208,7 @@ class Supervisor:
                 say(f"trainer did not save within --grace-period {self.config.grace_period:g}s; killing it")
                 self.attempt.kill(0, self._tick)
             return
-        stale = a.monitor.verdict(now)
+        stale = a.monitor.verdict(now) if a.killed_for is None else None   # judged once: its first evidence stands
         if stale is not None and not a.tearing_down(self.rd, now, self.config.grace_period):
             # A hang happened when the rank's heartbeat last changed; a start-up timeout at the start.
             since = a.monitor.tracks[stale.rank].changed_at if stale.rank in a.monitor.tracks else a.started
