@@ -19,11 +19,12 @@ system-deps:
 	@bash .ci/system-deps
 
 test: install system-deps
-	$(PY) -m pytest -q -ra tests
+	$(PY) -m pytest -q -ra --durations=15 tests
 
 # Long, many-seed variants of the failure campaign (chaos soak, repeated seeds).
 test-faults: install
-	RRTEST_LONG_FAULTS=1 $(PY) -m pytest -q -ra tests/faults
+	RRTEST_LONG_FAULTS=1 $(PY) -m pytest -q -ra tests/faults \
+		tests/distributed/test_ddp.py::test_a_full_primary_root_sends_every_ranks_save_to_the_fallback_dir
 
 demo: install
 	$(PY) examples/demo.py
