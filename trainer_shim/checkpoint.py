@@ -269,8 +269,6 @@ def commit_members(ckpt_root: Path, tmp: Path, snap: Snapshot, files: dict[str, 
     name = rundir.checkpoint_name(snap.global_step)
     final = rd_ckpts / name
     with _discarding(tmp, "commit"):
-        if final.exists():
-            raise CheckpointError(f"{final} already exists")
         for fname, (size, _d) in files.items():
             if (tmp / fname).stat().st_size != size:
                 raise CheckpointError(f"{tmp / fname} has not the size its rank reported")

@@ -103,6 +103,8 @@ def reusable(run: Run, step: int, exact: bool) -> Optional[Path]:
             why = f"invalid: {e.reason}"
     if why is None:
         return existing
+    if expected:   # valid and committed: the new save supersedes it at its commit, never before
+        return None
     trash = existing.parent / f"{rundir.TMP_PREFIX}deleting-{existing.name}"
     try:
         shutil.rmtree(trash, ignore_errors=True)
@@ -111,8 +113,7 @@ def reusable(run: Run, step: int, exact: bool) -> Optional[Path]:
     except OSError as e:
         _say(f"warning: cannot replace checkpoint {existing} ({why}): {e}")
         return existing
-    if not expected:
-        _say(f"replacing checkpoint {existing} ({why})")
+    _say(f"replacing checkpoint {existing} ({why})")
     return None
 
 

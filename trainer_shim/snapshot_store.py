@@ -64,7 +64,19 @@ def commit_dir(tmp: Path, final: Path, manifest_bytes: bytes, exact: bool) -> No
     finally:
         os.close(fd)
     rundir.fsync_dir(tmp)
-    os.rename(tmp, final)
+    if final.exists():
+        # Superseding the committed checkpoint of the same step (a step save on an epoch's last
+        # batch, replaced by the epoch-end save): it stays valid until the new one stands.
+        if rundir.exchange(tmp, final):
+            shutil.rmtree(tmp, ignore_errors=True)   # now the old one
+        else:
+            old = final.with_name(f"{rundir.TMP_PREFIX}superseded-{final.name}")
+            shutil.rmtree(old, ignore_errors=True)
+            os.rename(final, old)
+            os.rename(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(tmp, final)
     rundir.fsync_dir(final.parent)
     if exact:  # `latest` names something resumable; an emergency save is not
         rundir.repoint_latest(final.parent, final.name)

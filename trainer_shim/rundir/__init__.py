@@ -48,7 +48,7 @@ Run-dir layout::
                                  events, logs, errors, metrics)
 """
 
-from .atomic import atomic_write_bytes, atomic_write_json, fsync_dir, read_json
+from .atomic import atomic_write_bytes, atomic_write_json, exchange, fsync_dir, read_json
 from .clock import iso_at, now_iso
 from .env import (
     ENV_ALLOW_RESHARD, ENV_ATTEMPT, ENV_LAST_FAILURE, ENV_NODE, ENV_RESUME_FROM, ENV_RUN_DIR, EXIT_PREEMPTED,
@@ -102,7 +102,7 @@ __all__ = [
     "checkpoint_name", "parse_checkpoint_name", "heartbeat_name", "parse_heartbeat_name",
     "step_mark_name", "tmp_dirs", "inside",
     # files
-    "fsync_dir", "atomic_write_bytes", "atomic_write_json", "read_json", "now_iso", "iso_at",
+    "fsync_dir", "exchange", "atomic_write_bytes", "atomic_write_json", "read_json", "now_iso", "iso_at",
     # records
     "Phase", "HEARTBEAT_FIELDS", "HeartbeatRecord", "read_heartbeat", "read_heartbeat_record",
     "RunState", "SupervisorState", "ErrorRecord", "StandbyMessage", "StepMark", "read_step_mark", "reached_step",

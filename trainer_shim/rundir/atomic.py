@@ -10,7 +10,7 @@ from typing import Any
 
 from .errors import ContractError
 
-__all__ = ["fsync_dir", "atomic_write_bytes", "atomic_write_json", "read_json"]
+__all__ = ["fsync_dir", "atomic_write_bytes", "atomic_write_json", "read_json", "exchange"]
 
 
 def fsync_dir(path: Path) -> None:
@@ -62,3 +62,21 @@ def read_json(path: Path) -> Any:
         raise ContractError(f"{path}: {e.strerror or e}") from e
     except (ValueError, UnicodeDecodeError) as e:
         raise ContractError(f"{path}: not valid JSON ({e})") from e
+
+
+_RENAME_EXCHANGE = 2
+
+
+def exchange(a: Path, b: Path) -> bool:
+    """Swap two existing paths in one atomic step (Linux renameat2 RENAME_EXCHANGE); False when
+    the kernel, libc or filesystem cannot, and then nothing was changed."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd = -100
+    rc = fn(at_fdcwd, os.fsencode(str(a)), at_fdcwd, os.fsencode(str(b)), _RENAME_EXCHANGE)
+    return rc == 0
