@@ -207,8 +207,9 @@ def remove(path: Path) -> None:
 
 
 def free(run_root: Path, node: Optional[int] = None) -> None:
-    """Remove this run's slots (only ones this user owns; a foreign one is not ours to touch)."""
-    for path in rundir.snapshot_slot_paths(run_root, node):
+    """Remove this run's slots, every rank's (only ones this user owns; a foreign one is not ours to touch)."""
+    ranks = set(rundir.snapshot_slot_ranks(run_root, node)) | {0}
+    for path in (p for r in sorted(ranks) for p in rundir.snapshot_slot_paths(run_root, node, r)):
         try:
             st = os.lstat(path)
         except OSError:

@@ -80,6 +80,7 @@ from .records import (
 from .selection import iter_checkpoint_dirs, newest_valid, repoint_latest
 from .snapshots import (
     SHM_DIR, SNAPSHOT_PREFIX, SNAPSHOT_SLOTS, TABLE_SUFFIX, TENSOR_REF, TENSORS_SUFFIX, snapshot_slot_paths,
+    snapshot_slot_ranks,
     untrusted_slot_reason,
 )
 from .stepmark import STEP_MARK_SIZE, StepMark, reached_step, read_step_mark
@@ -122,5 +123,6 @@ __all__ = [
     # memory snapshot slots (issue 14)
     "SHM_DIR", "SNAPSHOT_PREFIX", "SNAPSHOT_SLOTS", "TABLE_SUFFIX", "TENSORS_SUFFIX", "TENSOR_REF",
     "snapshot_slot_paths",
+    "snapshot_slot_ranks",
     "untrusted_slot_reason",
 ]

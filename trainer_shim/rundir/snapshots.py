@@ -28,11 +28,37 @@ TABLE_SUFFIX = ".table"            # the member describing them (trainer_shim.ra
 TENSOR_REF = "\x00rr-tensor:"      # skeleton leaf standing for tensors[i] (NUL: never user text)
 
 
-def snapshot_slot_paths(run_root: Path, node: Optional[int] = None) -> list[Path]:
-    """`/dev/shm/resilient-run-<16 hex>-<i>`: one name per run dir (and node), stable across processes."""
+def _slot_prefix(run_root: Path, node: Optional[int]) -> str:
     key = f"{os.path.realpath(run_root)}\0{'' if node is None else node}"
-    prefix = f"{SNAPSHOT_PREFIX}{xxhash.xxh3_64_hexdigest(key.encode())}-"
-    return [SHM_DIR / f"{prefix}{i}" for i in range(SNAPSHOT_SLOTS)]
+    return f"{SNAPSHOT_PREFIX}{xxhash.xxh3_64_hexdigest(key.encode())}-"
+
+
+def snapshot_slot_paths(run_root: Path, node: Optional[int] = None, rank: int = 0) -> list[Path]:
+    """`/dev/shm/resilient-run-<16 hex>-<i>` (rank 0 or a single process) and
+    `/dev/shm/resilient-run-<16 hex>-r<R>-<i>` (rank R > 0 of a multi-rank job): names per run dir
+    (and node) and rank, stable across processes. Each rank's slots hold its own share of the
+    checkpoint (the members that rank writes to disk), with a manifest listing just those."""
+    tag = f"r{rank}-" if rank else ""
+    return [SHM_DIR / f"{_slot_prefix(run_root, node)}{tag}{i}" for i in range(SNAPSHOT_SLOTS)]
+
+
+def snapshot_slot_ranks(run_root: Path, node: Optional[int] = None) -> list[int]:
+    """The ranks that have any slot of this run dir (and node) in SHM_DIR, ascending."""
+    prefix = _slot_prefix(run_root, node)
+    ranks = set()
+    try:
+        names = os.listdir(SHM_DIR)
+    except OSError:
+        return []
+    for name in names:
+        if not name.startswith(prefix):
+            continue
+        rest = name[len(prefix):]
+        if rest.isdigit():
+            ranks.add(0)
+        elif rest.startswith("r") and "-" in rest and rest[1:rest.index("-")].isdigit():
+            ranks.add(int(rest[1:rest.index("-")]))
+    return sorted(ranks)
 
 
 def untrusted_slot_reason(path: Path) -> Optional[str]:
