@@ -9,6 +9,7 @@ holds, committed by the one commit protocol (manifest last, rename, fsync dir, `
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import os
@@ -24,14 +25,15 @@ _COPY_CHUNK = 8 << 20
 
 
 def complete_slots(run_root: Path, node: Optional[int] = None,
-                   on_reject: Optional[Callable[[Path, str], None]] = None) -> list[CheckpointInfo]:
-    """Trusted slots whose manifest is written and whose members have their sizes, newest step first.
+                   on_reject: Optional[Callable[[Path, str], None]] = None, rank: int = 0) -> list[CheckpointInfo]:
+    """Trusted slots of `rank` whose manifest is written and whose members have their sizes,
+    newest step first.
 
     A slot being rewritten has no MANIFEST.json (it is unlinked before the first byte changes),
     so a half-written slot is never listed.
     """
     found = []
-    for path in rundir.snapshot_slot_paths(run_root, node):
+    for path in rundir.snapshot_slot_paths(run_root, node, rank):
         if not os.path.lexists(path):
             continue
         why = rundir.untrusted_slot_reason(path)
@@ -138,9 +140,42 @@ def _kernel_copy(src: Path, dst: Path, progress: Callable[[int], None], base: in
     return n
 
 
-def persist(info: CheckpointInfo, ckpt_root: Path,
+def _same_save(a: Manifest, b: Manifest) -> bool:
+    """Two ranks' slot manifests belong to one save (the same step of the same world)."""
+    return ((a.global_step, a.epoch, a.batch_in_epoch, a.kind, a.exact, a.world_size)
+            == (b.global_step, b.epoch, b.batch_in_epoch, b.kind, b.exact, b.world_size))
+
+
+def newest_complete(run_root: Path, node: Optional[int] = None,
+                    on_reject: Optional[Callable[[Path, str], None]] = None) -> Optional[list[CheckpointInfo]]:
+    """The newest snapshot every rank holds complete: one slot per rank, in rank order (one slot
+    for a single process). Rank R's slot holds only rank R's share of the checkpoint (the members
+    it writes to disk) and a manifest listing those, with the job's world_size."""
+    by_rank = {r: complete_slots(run_root, node, on_reject, r) for r in rundir.snapshot_slot_ranks(run_root, node)}
+    for first in by_rank.get(0, []):
+        picks = [first]
+        for r in range(1, first.manifest.world_size):
+            picks += [i for i in by_rank.get(r, []) if _same_save(i.manifest, first.manifest)][:1]
+        if len(picks) == first.manifest.world_size:
+            return picks
+    return None
+
+
+def merged_manifest(infos: list[CheckpointInfo]) -> Manifest:
+    """One checkpoint's manifest from the manifests of its ranks' slots (their files are disjoint)."""
+    files: dict[str, rundir.FileEntry] = {}
+    for info in infos:
+        clash = files.keys() & info.manifest.files.keys()
+        if clash:
+            raise InvalidCheckpoint(info.path, f"{sorted(clash)[0]} is in two ranks' snapshots")
+        files.update(info.manifest.files)
+    return dataclasses.replace(infos[0].manifest, files=files)
+
+
+def persist(info: CheckpointInfo | list[CheckpointInfo], ckpt_root: Path,
             progress: Callable[[int], None] = lambda n: None, verify: bool = True) -> Optional[Path]:
-    """Copy a complete slot into ckpt_root as step-N; None if step-N already exists there.
+    """Copy a complete slot (or every rank's slot of one save) into ckpt_root as step-N; None if
+    step-N already exists there.
 
     `verify` hashes every byte copied against the slot's manifest (a slot someone else wrote);
     the writer thread that just hashed the slot and holds it copies in the kernel instead.
@@ -148,7 +183,9 @@ def persist(info: CheckpointInfo, ckpt_root: Path,
     OSError (disk) and InvalidCheckpoint (the slot changed or lied) propagate; the tmp dir is
     removed on any failure and a committed dir is never overwritten.
     """
-    name = rundir.checkpoint_name(info.step)
+    infos = info if isinstance(info, list) else [info]
+    manifest = merged_manifest(infos)
+    name = rundir.checkpoint_name(manifest.global_step)
     final = Path(ckpt_root) / name
     if final.exists():
         return None
@@ -158,10 +195,12 @@ def persist(info: CheckpointInfo, ckpt_root: Path,
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(mode=rundir.RUN_DIR_MODE)
         written = 0
-        for rel, ent in sorted(info.manifest.files.items()):
-            src = rundir.safe_member(info.path, rel)
-            written += _copy_member(src, tmp / rel, ent.xxh3_128 if verify else None, progress, written)
-        commit_dir(tmp, final, (info.path / rundir.MANIFEST_NAME).read_bytes(), info.manifest.exact)
+        for one in infos:
+            for rel, ent in sorted(one.manifest.files.items()):
+                src = rundir.safe_member(one.path, rel)
+                written += _copy_member(src, tmp / rel, ent.xxh3_128 if verify else None, progress, written)
+        raw = (infos[0].path / rundir.MANIFEST_NAME).read_bytes() if len(infos) == 1 else manifest_bytes(manifest)
+        commit_dir(tmp, final, raw, manifest.exact)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -177,22 +216,22 @@ def add_to_index(rd: rundir.RunDir, path: Path, manifest: Manifest) -> None:
 
 def persist_newest(rd: rundir.RunDir, on_reject: Optional[Callable[[Path, str], None]] = None,
                    ) -> Optional[tuple[Path, Manifest]]:
-    """Persist the newest complete slot if it is newer than every valid disk checkpoint."""
-    slots = complete_slots(rd.root, rd.node, on_reject)
+    """Persist the newest snapshot every rank holds complete if it is newer than every valid disk checkpoint."""
+    slots = newest_complete(rd.root, rd.node, on_reject)
     if not slots:
         return None
     disk = rundir.newest_valid(rundir.checkpoint_roots(rd))
-    best = slots[0]
-    if disk is not None and disk.step >= best.step:
+    manifest = merged_manifest(slots)
+    if disk is not None and disk.step >= manifest.global_step:
         return None
-    final = persist(best, rd.checkpoints)
+    final = persist(slots, rd.checkpoints)
     if final is None:
         return None
     try:
-        add_to_index(rd, final, best.manifest)
+        add_to_index(rd, final, manifest)
     except OSError:
         pass  # the index is bookkeeping; the committed dir is what counts
-    return final, best.manifest
+    return final, manifest
 
 
 def remove(path: Path) -> None:
