@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.supervisor.helpers import ended_kinds, events, sup_env
+from tests.supervisor.helpers import ended_kinds, events, run_cli, sup_env
 
 from trainer_shim import rundir
 
@@ -53,3 +53,21 @@ def test_chaos_sigkill_of_the_trainer_is_bit_exact(tmp_path, seed, save_mode):
     assert verify_cli(run_dir).returncode == 0
     assert_no_survivors(run_dir, str(out))
     assert not shm_segments(run_dir), "shared-memory snapshot slots outlived the run"
+
+
+def test_a_kill_inside_the_epoch_end_save_keeps_the_step_save_it_was_replacing(tmp_path):
+    # 12 steps per epoch, a save every 4: run.step() saves step 12 on the epoch's last batch, then
+    # the epoch-end save writes step 12 again (the truth: next epoch, batch 0) and supersedes the
+    # first one at its commit. Killed at that save's first large write, the first one must stand
+    # (deleting it up front left `latest` dangling and lost 4 steps; chaos sync-2).
+    job = ("--hidden", "600", "--epochs", "2", "--samples", "96", "--batch-size", "8", "--save-every", "4")
+    ref = reference(tmp_path, *job)
+    run_dir, out = tmp_path / "run", tmp_path / "weights.pt"
+    r = run_cli("--run-dir", str(run_dir), *FAST, TOY, *job, "--out", str(out),
+                env=sup_env(TOY_FAULTS="1:kill_save@12"), timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert ended_kinds(run_dir) == ["signal", "success"]
+    step12 = run_dir.resolve() / "checkpoints" / rundir.checkpoint_name(12)
+    assert events(run_dir, "attempt_started")[1]["resume_from"] == str(step12)
+    assert rundir.inspect_checkpoint(step12).manifest.epoch == 1, "the epoch-end save did not supersede it"
+    assert_bit_exact(out, ref)

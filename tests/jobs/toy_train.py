@@ -5,7 +5,8 @@ returns at global_step == STEP when $RESILIENT_ATTEMPT (default 1) == ATTEMPT (o
 ACTIONs: kill, raise, exitN, hang, deadlock, cuda_oom, alloc, sigterm,
 worker_hang (the DataLoader's __getitem__ blocks forever from now on in this attempt, so the
 main process waits on its workers), stall_save (the next checkpoint's first large write blocks
-forever: a save that stops making progress).
+forever: a save that stops making progress), kill_save (SIGKILL at the next checkpoint's first
+large write: a kill placed inside a save).
 
 Other knobs (environment):
   TOY_WRITE_MBPS=R       large writes (>= 1 MiB, i.e. checkpoint tensors) are throttled to R MB/s:
@@ -62,6 +63,7 @@ def _worker_blocked() -> None:
 
 _HANG_FLAG: "Path | None" = None   # set in main(): this attempt's worker_hang flag file
 _STALL_SAVE = threading.Event()    # stall_save: the next large write never returns
+_KILL_SAVE = threading.Event()     # kill_save: the next large write is where the process dies
 _real_write = os.write
 _BIG_WRITE = 1 << 20
 
@@ -77,6 +79,8 @@ def _throttled_write(fd: int, data) -> int:
     if n >= _BIG_WRITE:
         if _STALL_SAVE.is_set():
             _stalled_write(fd, data)
+        if _KILL_SAVE.is_set():
+            os.kill(os.getpid(), signal.SIGKILL)
         rate = float(os.environ.get("TOY_WRITE_MBPS") or 0)
         if rate > 0:
             time.sleep(n / (rate * 1e6))
@@ -122,6 +126,8 @@ def inject(action: str) -> None:
         _HANG_FLAG.touch()
     elif action == "stall_save":
         _STALL_SAVE.set()
+    elif action == "kill_save":
+        _KILL_SAVE.set()
     else:
         raise SystemExit(f"toy_train: unknown fault action {action!r}")
 
@@ -143,7 +149,7 @@ def main() -> None:
         # Per attempt, next to the output (the run dir is created by init(), after the loader).
         _HANG_FLAG = Path(args.out or ".").absolute().parent / f".toy-worker-hang-{os.getpid()}"
         _HANG_FLAG.unlink(missing_ok=True)
-    if os.environ.get("TOY_WRITE_MBPS") or "stall_save" in faults.values():
+    if os.environ.get("TOY_WRITE_MBPS") or {"stall_save", "kill_save"} & set(faults.values()):
         os.write = _throttled_write
 
     model = nn.Sequential(nn.Linear(16, args.hidden), nn.ReLU(), nn.Dropout(0.2),
