@@ -17,6 +17,7 @@ Exit codes: 0 written, 2 bad input (not a valid checkpoint, safetensors missing,
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import sys
@@ -86,10 +87,8 @@ def export(ckpt_dir: Path, out: Path, fmt: str = "torch", model_only: bool = Fal
     if fmt not in ("torch", "safetensors"):
         raise ValueError(f"--format must be torch or safetensors, got {fmt!r}")
     if fmt == "safetensors":
-        try:
-            from safetensors.torch import save_file
-        except ImportError:
-            raise ValueError("--format safetensors needs the safetensors package; pip install safetensors") from None
+        if importlib.util.find_spec("safetensors") is None:  # _write needs it: fail before any work
+            raise ValueError("--format safetensors needs the safetensors package; pip install safetensors")
     try:
         info = rundir.inspect_checkpoint(Path(ckpt_dir), full=verify)
     except rundir.InvalidCheckpoint as e:
@@ -98,29 +97,35 @@ def export(ckpt_dir: Path, out: Path, fmt: str = "torch", model_only: bool = Fal
     out = Path(out)
     if out.is_dir():
         raise ValueError(f"{out} is a directory; give a file name")
-    out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     try:
-        if fmt == "torch":
-            torch.save(obj, tmp)
-            n = len(flatten(obj)[0])
-        else:
-            tensors, other = flatten(obj)
-            seen: set[int] = set()
-            clean = {}
-            for k, t in tensors.items():
-                t = t.detach().cpu().contiguous()
-                ptr = t.untyped_storage().data_ptr() if t.numel() else -1
-                clean[k] = t.clone() if ptr in seen else t
-                seen.add(ptr)
-            meta = {"resilient_run": json.dumps({"other": other, "step": info.manifest.global_step}, default=repr)}
-            save_file(clean, str(tmp), metadata=meta)
-            n = len(clean)
-        os.replace(tmp, out)
+        _write(obj, out, tmp, fmt, info.manifest.global_step)
+    except OSError as e:  # the output side only: the checkpoint was read and verified above
+        raise ValueError(f"cannot write {out}: {e.strerror or e}; give an OUT path in a writable directory") from e
     finally:
         tmp.unlink(missing_ok=True)
-    return {"tensors": n, "bytes": out.stat().st_size, "step": info.manifest.global_step,
+    return {"tensors": len(flatten(obj)[0]), "bytes": out.stat().st_size, "step": info.manifest.global_step,
             "sharded": info.manifest.sharded}
+
+
+def _write(obj: Any, out: Path, tmp: Path, fmt: str, step: int) -> None:
+    """torch.save or safetensors into `tmp`, then renamed to `out` (never a half-written `out`)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if fmt == "torch":
+        torch.save(obj, tmp)
+    else:
+        from safetensors.torch import save_file
+        tensors, other = flatten(obj)
+        seen: set[int] = set()
+        clean = {}
+        for k, t in tensors.items():
+            t = t.detach().cpu().contiguous()
+            ptr = t.untyped_storage().data_ptr() if t.numel() else -1
+            clean[k] = t.clone() if ptr in seen else t  # safetensors refuses shared storage
+            seen.add(ptr)
+        meta = {"resilient_run": json.dumps({"other": other, "step": step}, default=repr)}
+        save_file(clean, str(tmp), metadata=meta)
+    os.replace(tmp, out)
 
 
 def main(argv: list[str] | None = None) -> int:

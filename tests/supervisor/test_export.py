@@ -59,3 +59,12 @@ def test_corrupt_checkpoint_is_refused_in_one_line_and_nothing_written(tmp_path,
     assert not (tmp_path / "out.pt").exists()
     r = run_cli("export", str(ckpt), str(tmp_path / "out.x"), "--format", "onnx", timeout=60)
     assert r.returncode == 2 and "--format must be one of torch, safetensors" in r.stderr
+
+
+def test_an_output_path_that_cannot_be_written_is_one_line_naming_it(sharded_run):
+    out = "/proc/rrtest-no-such-dir/model.pt"   # /proc refuses a new directory even to root
+    r = run_cli("export", str(sharded_run), out, timeout=180)
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 2 and len(lines) == 1, r.stderr
+    assert lines[0].startswith(f"resilient-run: error: cannot write {out}: ") and "writable directory" in lines[0]
+    assert "Traceback" not in r.stderr
