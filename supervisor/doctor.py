@@ -146,10 +146,25 @@ def _first_mismatch(base: dict[int, dict], got: list[dict]) -> Optional[tuple[in
 
 
 def compare(baseline: list[dict], interrupted: list[dict]) -> Optional[Divergence]:
-    """The first divergence between the two digest logs (None: exact)."""
-    base = {r["step"]: r for r in baseline if r.get("at") == MARK_STEP and r.get("rank", 0) == 0}
-    after = [r for r in baseline + interrupted if r.get("at") == MARK_BATCH]
-    got = [r for r in interrupted if r.get("at") == MARK_STEP and r.get("rank", 0) == 0]
+    """The first divergence between the two digest logs (None: exact), over every rank: the
+    earliest step, then the likeliest cause (a rank's own RNG before the model every rank shares
+    through its gradients); named `rank R: ...` when the job has several ranks."""
+    ranks = sorted({r.get("rank", 0) for r in baseline if r.get("at") == MARK_STEP}) or [0]
+    found = [(d, rank) for rank in ranks if (d := _compare_rank(baseline, interrupted, rank)) is not None]
+    if not found:
+        return None
+    d, rank = min(found, key=lambda f: (f[0].step, _blame_rank(f[0].component), f[1]))
+    return dataclasses.replace(d, message=f"rank {rank}: {d.message}") if len(ranks) > 1 else d
+
+
+def _blame_rank(component: str) -> int:
+    return next((i for i, prefix in enumerate(_BLAME) if component.startswith(prefix)), len(_BLAME))
+
+
+def _compare_rank(baseline: list[dict], interrupted: list[dict], rank: int) -> Optional[Divergence]:
+    base = {r["step"]: r for r in baseline if r.get("at") == MARK_STEP and r.get("rank", 0) == rank}
+    after = [r for r in baseline + interrupted if r.get("at") == MARK_BATCH and r.get("rank", 0) == rank]
+    got = [r for r in interrupted if r.get("at") == MARK_STEP and r.get("rank", 0) == rank]
     noisy = _unseeded(base, got)
     if isinstance(noisy, Divergence):
         return noisy

@@ -57,3 +57,16 @@ def test_two_rank_torchrun_job_is_exact(tmp_path):
     _doctor(tmp_path, "--", torchrun, "--standalone", "--nproc-per-node", "2", str(JOBS / "ddp_train.py"),
             "--out-dir", str(tmp_path / "out"), env=env)
     assert _interrupted_kinds(tmp_path) == ["signal", "success"]
+
+
+def test_a_generator_only_rank_1_draws_from_is_named_with_its_rank(tmp_path):
+    # Rank 0's model diverges too (gradients are averaged), but the cause is rank 1's own.
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
+    env = sup_env(DDP_JITTER_RANK="1")
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    r = run_cli("doctor", "--steps", "12", "--kill-at", "7", "--json", "--", str(torchrun), "--standalone",
+                "--nproc-per-node", "2", str(JOBS / "ddp_train.py"), "--out-dir", str(tmp_path / "out"),
+                cwd=tmp_path, env=env, timeout=600)
+    assert r.returncode == 1, r.stdout + r.stderr
+    d = json.loads(r.stdout)["divergence"]
+    assert d["message"].startswith("rank 1: ") and d["component"].startswith("uncaptured."), d

@@ -14,6 +14,8 @@ run.step() returns at global_step == STEP when $RESILIENT_ATTEMPT == ATTEMPT (or
 only when given (else on every rank). ACTIONs: kill (SIGKILL itself), hang (sleep forever
 outside any collective: the other ranks block in the next all-reduce), hang_pre (the same, but
 before run.step(): this rank's heartbeat stops one step earlier than the others'), raise, sigterm.
+DDP_JITTER_RANK=R: rank R adds noise to its inputs from a module-level NumPy generator that no
+checkpoint holds (a defect `resilient-run doctor` must name, with the rank).
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ from tests.jobs.jobkit import attempt, job_parser, train_step  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from toy_train import inject  # noqa: E402  (the same fault actions as the single-process job)
+
+_JITTER = np.random.default_rng(5)  # DDP_JITTER_RANK: drawn from, never checkpointed
 
 
 def parse_faults(spec: str, attempt: int, rank: int) -> dict[int, str]:
@@ -123,6 +127,8 @@ def main() -> None:
         sampler.set_epoch(epoch)
         model.train()
         for xb, yb in run.batches(loader):
+            if os.environ.get("DDP_JITTER_RANK") == str(rank):
+                xb = xb + 0.01 * torch.from_numpy(_JITTER.standard_normal(tuple(xb.shape)).astype(np.float32))
             loss = train_step(model, opt, loss_fn, xb, yb, sched)
             if faults.get(run.global_step + 1) == "hang_pre":
                 inject("hang")
