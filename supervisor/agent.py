@@ -41,6 +41,7 @@ __all__ = ["State", "AttemptResult", "Supervisor", "say"]
 
 STACK_DUMP_WAIT = 2.0              # SIGUSR1 to SIGTERM on a hang: time for faulthandler to write
 TREE_SCAN_EVERY = 5.0              # how often descendants are recorded (OOM evidence, orphan kill)
+PEER_CRASH_WAIT = 5.0              # ranks alive this long after another crashed are ended (torchrun: 30 s)
 METRICS_EVERY = 10.0
 RETRY_WRITES_EVERY = 5.0
 CHILD_EXIT_GRACE = 5.0             # after the main process exits, its leftovers get this long
@@ -208,6 +209,10 @@ class Supervisor:
                 say(f"trainer did not save within --grace-period {self.config.grace_period:g}s; killing it")
                 self.attempt.kill(0, self._tick)
             return
+        if self.config.nproc_per_node and a.killed_for is None and not a.peers_ended:
+            for rank, pid in a.end_peers_of_a_crash(self.rd, now, PEER_CRASH_WAIT, STACK_DUMP_WAIT, self._tick):
+                say(f"attempt {a.number}: ended rank {rank} (pid {pid}), still running {PEER_CRASH_WAIT:g}s after "
+                    f"another rank crashed; its stack: {self.rd.stacks_file(pid)}")
         stale = a.monitor.verdict(now) if a.killed_for is None else None   # judged once: its first evidence stands
         if stale is not None and not a.tearing_down(self.rd, now, self.config.grace_period):
             # A hang happened when the rank's heartbeat last changed; a start-up timeout at the start.

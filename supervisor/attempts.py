@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Callable, Optional
@@ -50,6 +51,7 @@ class Attempt:
     resumed_known: bool = False         # a heartbeat past `starting` said what it really loaded
     peak_rss: int = 0                   # the largest summed RSS of the process tree seen so far
     rank_crashed_at: Optional[float] = None   # monotonic: when a rank's error file was first seen
+    peers_ended: bool = False           # the ranks that outlived a crashed one were ended (once)
     failed_at: Optional[float] = None   # wall clock: best estimate of when the failure happened
     detected_at: Optional[float] = None  # wall clock: when the supervisor saw it and began to stop it
 
@@ -98,8 +100,37 @@ class Attempt:
         """Every rank whose heartbeat pid is in our process tree (not a reused pid). Not the
         launcher: SIGUSR1's default action would kill torchrun, and with it (PDEATHSIG) every
         rank before its stack dump is written."""
+        return set(self.rank_procs().values())
+
+    def rank_procs(self) -> dict[int, int]:
+        """rank -> pid of every rank still alive in our process tree (see rank_pids)."""
         ours = {p.pid for p in procs.tree(self.child.pid)}
-        return {int(t.record["pid"]) for t in self.monitor.tracks.values() if t.record.get("pid") in ours}
+        return {rank: int(t.record["pid"]) for rank, t in self.monitor.tracks.items() if t.record.get("pid") in ours}
+
+    def outlive_a_crash(self, rd: RunDir, now: float, wait: float) -> dict[int, int]:
+        """rank -> pid of the ranks still alive `wait` seconds after another rank crashed (wrote
+        its error file); {} before that. They cannot finish a collective without it, and the
+        launcher gives them 30 s between its SIGTERM and SIGKILL: a restart waited that long."""
+        if self.rank_crashed_at is None:
+            if not rd.rank_error_files(self.number):
+                return {}
+            self.rank_crashed_at = now
+        return self.rank_procs() if now - self.rank_crashed_at >= wait else {}
+
+    def end_peers_of_a_crash(self, rd: RunDir, now: float, wait: float, dump_wait: float,
+                             tick: Callable[[], None]) -> list[tuple[int, int]]:
+        """Once: the ranks that outlived a crashed one get SIGUSR1 (their stacks: why were they not
+        done?) and SIGKILL; the launcher then ends the attempt as it would have 25 s later."""
+        left = self.outlive_a_crash(rd, now, wait)
+        if not left:
+            return []
+        self.peers_ended = True  # once: what outlives even the SIGKILL is the launcher's to report
+        for pid in left.values():
+            procs.signal_pid(pid, signal.SIGUSR1)
+        self.wait_exit(dump_wait, tick)
+        for pid in left.values():
+            procs.signal_pid(pid, signal.SIGKILL)
+        return sorted(left.items())
 
     def tearing_down(self, rd: RunDir, now: float, grace: float) -> bool:
         """Whether a silent rank is excused: another rank crashed (it wrote its error file) and the

@@ -205,6 +205,10 @@ def test_shim_collective_timeout_ends_the_attempt_instead_of_waiting_forever(ref
     assert err["type"] == "trainer_shim.errors.CollectiveTimeout" and "rank 0" in err["message"], err
     ended = events(rd, "attempt_ended")[0]
     assert "CollectiveTimeout" in ended["evidence"] and "rank 0" in ended["evidence"]
+    # The hung rank 1 outlived rank 0's crash: the supervisor dumped its stack (where it really
+    # hung) and ended it, instead of torchrun's 30 s between SIGTERM and SIGKILL.
+    hung = int(ended["evidence"].split("rank 1 (pid ")[1].split(")")[0])
+    assert "in inject" in (rd / "logs" / f"stacks-{hung}.txt").read_text()
     assert_same_weights(out, reference / "out")
 
 
