@@ -22,7 +22,7 @@ import torch
 from tests.conftest import JOBS, PYTHON
 from tests.save_modes import PLAIN
 from tests.supervisor.helpers import kill_group, run_cli, start_cli, sup_env
-from tests.support import assert_equal_state, events, heartbeat, supervisor_state, wait_until, weights
+from tests.support import assert_equal_state, ended_kinds, events, heartbeat, supervisor_state, wait_until, weights
 from trainer_shim import rundir
 
 TOY = str(JOBS / "toy_train.py")
@@ -47,6 +47,17 @@ def reference(tmp_path: Path, *args: str) -> dict[str, torch.Tensor]:
         assert p.returncode == 0, p.stderr[-2000:]
         _REF_CACHE[key] = weights(out)
     return _REF_CACHE[key]
+
+
+def faulted_run(run_dir: Path, out: Path, job: tuple[str, ...], faults: str, kinds: list[str],
+                timeout: float = 240) -> subprocess.CompletedProcess:
+    """toy_train.py with TOY_FAULTS under the supervisor CLI (FAST settings): it must exit 0 after
+    attempts ending as `kinds`, in order."""
+    r = run_cli("--run-dir", str(run_dir), *FAST, TOY, *job, "--out", str(out), env=sup_env(TOY_FAULTS=faults),
+                timeout=timeout)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert ended_kinds(run_dir) == kinds, r.stderr[-3000:]
+    return r
 
 
 def assert_bit_exact(out: Path, ref: dict[str, torch.Tensor]) -> None:

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.supervisor.helpers import ended_kinds, events, run_cli, sup_env
+from tests.supervisor.helpers import ended_kinds, events, sup_env
 
 from trainer_shim import rundir
 
 from tests.save_modes import modes, save_mode, shm_segments  # noqa: F401  (fixture)
 
 from .common import (
-    FAST, LONG, TOY, assert_bit_exact, assert_no_survivors, reference, resumed_from_events, run_under_killer, verify_cli,
+    FAST, LONG, TOY, assert_bit_exact, assert_no_survivors, faulted_run, reference, resumed_from_events, run_under_killer, verify_cli,
 )
 
 # ~10 MB checkpoints (hidden 900 with Adam: 3 x 900x900 fp32 + small), ~300 steps.
@@ -63,10 +63,7 @@ def test_a_kill_inside_the_epoch_end_save_keeps_the_step_save_it_was_replacing(t
     job = ("--hidden", "600", "--epochs", "2", "--samples", "96", "--batch-size", "8", "--save-every", "4")
     ref = reference(tmp_path, *job)
     run_dir, out = tmp_path / "run", tmp_path / "weights.pt"
-    r = run_cli("--run-dir", str(run_dir), *FAST, TOY, *job, "--out", str(out),
-                env=sup_env(TOY_FAULTS="1:kill_save@12"), timeout=240)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert ended_kinds(run_dir) == ["signal", "success"]
+    faulted_run(run_dir, out, job, "1:kill_save@12", ["signal", "success"])
     step12 = run_dir.resolve() / "checkpoints" / rundir.checkpoint_name(12)
     assert events(run_dir, "attempt_started")[1]["resume_from"] == str(step12)
     assert rundir.inspect_checkpoint(step12).manifest.epoch == 1, "the epoch-end save did not supersede it"

@@ -9,7 +9,9 @@ import pytest
 from tests.conftest import mounted_tmpfs
 from tests.supervisor.helpers import ended_kinds, events, run_cli, sup_env
 
-from .common import FAST, TOY, assert_bit_exact, assert_no_survivors, checkpoint_steps, reference, tmp_dirs, verify_cli
+from .common import (
+    FAST, TOY, assert_bit_exact, assert_no_survivors, checkpoint_steps, faulted_run, reference, tmp_dirs, verify_cli,
+)
 
 # ~850 KB checkpoints (hidden 256 with Adam) on a 600 KB filesystem: every save runs out of space.
 JOB = ("--hidden", "256", "--epochs", "2", "--samples", "96", "--batch-size", "8", "--save-every", "5")
@@ -24,10 +26,7 @@ def small_fs(tmp_path):
 def test_enospc_saves_fail_training_continues_and_nothing_partial_is_chosen(tmp_path, small_fs):
     ref = reference(tmp_path, *JOB)
     run_dir, out = small_fs / "run", tmp_path / "weights.pt"
-    r = run_cli("--run-dir", str(run_dir), *FAST, TOY, *JOB, "--out", str(out),
-                env=sup_env(TOY_FAULTS="1:kill@12"), timeout=180)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert ended_kinds(run_dir) == ["signal", "success"]
+    faulted_run(run_dir, out, JOB, "1:kill@12", ["signal", "success"], timeout=180)
     failed = events(run_dir, "checkpoint_failed")
     assert failed and all("ENOSPC" in e["error"] or "no_space" in e["error"] for e in failed), failed
     assert any("ENOSPC" in e["error"] for e in failed)  # a real write ran out of space
