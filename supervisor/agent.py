@@ -209,7 +209,7 @@ class Supervisor:
                 say(f"trainer did not save within --grace-period {self.config.grace_period:g}s; killing it")
                 self.attempt.kill(0, self._tick)
             return
-        if self.config.nproc_per_node and a.killed_for is None and not a.peers_ended:
+        if len(a.monitor.tracks) > 1 and a.killed_for is None and not a.peers_ended:  # also `-- torchrun ...`
             for rank, pid in a.end_peers_of_a_crash(self.rd, now, PEER_CRASH_WAIT, STACK_DUMP_WAIT, self._tick):
                 say(f"attempt {a.number}: ended rank {rank} (pid {pid}), still running {PEER_CRASH_WAIT:g}s after "
                     f"another rank crashed; its stack: {self.rd.stacks_file(pid)}")
