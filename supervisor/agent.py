@@ -138,8 +138,7 @@ class Supervisor:
             return
         self.handle_sigterm()
 
-    def handle_sighup(self) -> None:
-        self.handle_sigterm()
+    handle_sighup = handle_sigterm  # a lost terminal stops the run like SIGTERM
 
     def handle_sigchld(self) -> None:
         pass  # it only wakes the loop; exits are collected by poll()
@@ -211,8 +210,8 @@ class Supervisor:
             return
         if len(a.monitor.tracks) > 1 and a.killed_for is None and not a.peers_ended:  # also `-- torchrun ...`
             for rank, pid in a.end_peers_of_a_crash(self.rd, now, PEER_CRASH_WAIT, STACK_DUMP_WAIT, self._tick):
-                say(f"attempt {a.number}: ended rank {rank} (pid {pid}), still running {PEER_CRASH_WAIT:g}s after "
-                    f"another rank crashed; its stack: {self.rd.stacks_file(pid)}")
+                say(f"attempt {a.number}: ended rank {rank} (pid {pid}), alive {PEER_CRASH_WAIT:g}s after another rank "
+                    f"crashed; its stack: {self.rd.stacks_file(pid)}")
         stale = a.monitor.verdict(now) if a.killed_for is None else None   # judged once: its first evidence stands
         if stale is not None and not a.tearing_down(self.rd, now, self.config.grace_period):
             # A hang happened when the rank's heartbeat last changed; a start-up timeout at the start.
@@ -225,11 +224,8 @@ class Supervisor:
         assert a is not None
         a.killed_for, a.stale_detail = kind, detail
         say(f"attempt {a.number}: {kind.replace('_', ' ')}: {detail}")
-        if kind == Kind.HANG.value:
-            # Stack dumps first (the shim's SIGUSR1 handler), from every rank whose pid is ours.
-            for pid in a.rank_pids():
-                procs.signal_pid(pid, signal.SIGUSR1)
-            a.wait_exit(STACK_DUMP_WAIT, self._tick)
+        if kind == Kind.HANG.value:  # stack dumps first (the shim's SIGUSR1 handler) from every rank that is ours
+            a.dump_stacks(a.rank_pids(), STACK_DUMP_WAIT, self._tick)
         a.kill(self.config.grace_period, self._tick)
 
     # --- starting an attempt -------------------------------------------------------------------

@@ -75,6 +75,13 @@ class Attempt:
             tick()
             time.sleep(0.05)
 
+    def dump_stacks(self, pids: set[int], wait: float, tick: Callable[[], None]) -> None:
+        """SIGUSR1 (the shim writes every thread's stack) to `pids`, then up to `wait` seconds for
+        the dumps, unless the launcher exits first."""
+        for pid in pids:
+            procs.signal_pid(pid, signal.SIGUSR1)
+        self.wait_exit(wait, tick)
+
     def scan_tree(self) -> None:
         """Record every process of the tree (evidence and the orphan kill need them after exit) and the peak RSS."""
         rss = 0
@@ -125,9 +132,7 @@ class Attempt:
         if not left:
             return []
         self.peers_ended = True  # once: what outlives even the SIGKILL is the launcher's to report
-        for pid in left.values():
-            procs.signal_pid(pid, signal.SIGUSR1)
-        self.wait_exit(dump_wait, tick)
+        self.dump_stacks(set(left.values()), dump_wait, tick)
         for pid in left.values():
             procs.signal_pid(pid, signal.SIGKILL)
         return sorted(left.items())
