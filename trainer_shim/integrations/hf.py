@@ -34,6 +34,16 @@ __all__ = ["ResilientCallback"]
 _UNLIMITED = 1 << 30
 
 
+def _remove_if_just_made(path: Path, since: float) -> None:
+    """Doctor mode: the Trainer made the user's output_dir in its __init__, before any callback
+    could redirect it; doctor's runs leave no trace there. Only an empty dir made since `since`."""
+    try:
+        if path.stat().st_ctime >= since and not any(path.iterdir()):
+            path.rmdir()
+    except OSError:
+        pass
+
+
 class ResilientCallback(TrainerCallback):
     """Supervision for a ``transformers.Trainer``; see the module docstring."""
 
@@ -48,6 +58,7 @@ class ResilientCallback(TrainerCallback):
         self._doctor: Optional[FrameworkDoctor] = None
         self._saves: Optional[SaveTimer] = None
         self._save_t0: Optional[float] = None   # the step end before the Trainer's save (its stall starts)
+        self._born = time.time()  # before the Trainer (built after its callbacks) creates output_dir
 
     # --- setup and resume ----------------------------------------------------------------------
 
@@ -90,6 +101,7 @@ class ResilientCallback(TrainerCallback):
     def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._start(args.output_dir)
         if self._doctor is not None:
+            _remove_if_just_made(Path(args.output_dir), self._born)
             args.output_dir = str(self.output_dir)
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
