@@ -22,8 +22,10 @@ from .common import (
 # ~10 MB checkpoints (hidden 900 with Adam: 3 x 900x900 fp32 + small), ~300 steps.
 JOB = ("--hidden", "900", "--samples", "400", "--batch-size", "4", "--epochs", "3", "--save-every", "10",
        "--step-sleep", "0.01")
+# make test: seed 1 only (seed 2 found the epoch-end supersede race; a deterministic test below
+# now places that kill); the campaign (make test-faults) runs seeds 1-8 in every save mode.
 SEEDS = [int(s) for s in os.environ.get("RRTEST_CHAOS_SEEDS", "").split(",") if s] or (
-    list(range(1, 9)) if LONG else [1, 2])
+    list(range(1, 9)) if LONG else [1])
 
 
 @pytest.mark.parametrize("seed", SEEDS)
