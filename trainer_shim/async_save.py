@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 from . import checkpoint as ckpt
-from . import restoring, rundir, saving, snapshot_store
-from .errors import CheckpointError
+from . import distributed, restoring, rundir, saving, snapshot_store
+from .errors import CheckpointError, CollectiveTimeout
 from .memory_snapshot import SlotError, Slots
 from .rundir import CheckpointInfo, CheckpointKind, Event, InvalidCheckpoint
 
@@ -63,7 +63,8 @@ class FastSaver:
         self.async_save = async_save
         self.memory_every = memory_every
         self.grace = grace
-        self.slots = Slots(run.rd)
+        self.world = run._group.world_size
+        self.slots = Slots(run.rd, run.rank if self.world > 1 else 0)
         for path, why in self.slots.prepare():  # SlotError: the caller turns fast saves off
             _say(f"warning: memory snapshot {path} not trusted ({why}); replaced")
             run._event(Event.CHECKPOINT_REJECTED, path=str(path), reason=f"memory snapshot not trusted: {why}")
@@ -73,6 +74,10 @@ class FastSaver:
         self._warnings: list[str] = []
         self._skip_reported = False
         self._closed = False
+        self._fatal: Optional[BaseException] = None  # the writer group failed: ends the process at run.step()
+        # Multi-rank: the writer threads commit together over a gloo group of their own (every rank
+        # creates it here, in the same order); the training thread keeps the run's group.
+        self.wgroup = distributed.Dist(run._group.timeout) if self.world > 1 and async_save else None
         self._thread = threading.Thread(target=self._loop, daemon=True, name="trainer_shim-async-save")
         self._thread.start()
         atexit.register(self.drain)
@@ -103,6 +108,12 @@ class FastSaver:
             self.run._save(CheckpointKind.STEP)
 
     def report(self) -> None:
+        """run.step(): the writers' fatal error, else their warnings."""
+        if self._fatal is not None:  # the writers' group is unusable after a collective timeout
+            raise self._fatal
+        self._warn()
+
+    def _warn(self) -> None:
         with self._cv:
             msgs, self._warnings = self._warnings, []
         for m in msgs:
@@ -111,7 +122,7 @@ class FastSaver:
     def save_async(self, kind: CheckpointKind, finalize_now: bool = False) -> None:
         run = self.run
         run._last_save_t = time.monotonic()
-        existing = saving.reusable(run, run.global_step, True)
+        existing = saving.reusable(run, run.global_step, True) if self.world == 1 else None  # N ranks: the writers decide
         if existing is not None:
             run._retention.upgrade_kind(existing, kind)
             return
@@ -120,11 +131,11 @@ class FastSaver:
                 self._cv.wait()
             idx = self.slots.target(None, False)
         snap = self._fill(idx, kind, staged=not finalize_now)
-        if snap is None:
-            run._save(kind)  # the slot failed (e.g. /dev/shm full): save synchronously instead
-            return
-        if finalize_now and not self._finalize(idx, snap):
-            run._save(kind)
+        ok = snap is not None and (not finalize_now or self._finalize(idx, snap))
+        if self.world > 1:  # every rank's writer takes part in the commit, or none does
+            ok = not run._group.agree(not ok, False)[0]
+        if not ok or snap is None:
+            run._save(kind)  # a slot failed (e.g. /dev/shm full): save synchronously instead
             return
         self._submit(_Job(idx, snap, persist=True, finalized=finalize_now, staged=not finalize_now))
 
@@ -145,7 +156,7 @@ class FastSaver:
     def _finalize(self, idx: int, snap: ckpt.Snapshot) -> bool:
         """Hash and write the manifest on the training thread: complete before run.step() returns."""
         try:
-            self.slots.slots[idx].finalize(snap, self.meta)
+            self.slots.slots[idx].finalize(snap, self.meta, self.world)
         except OSError as e:
             self._fail_slot(idx, e)
             return False
@@ -185,7 +196,7 @@ class FastSaver:
                 if left <= 0 or not self._thread.is_alive():
                     return False
                 self._cv.wait(left)
-        self.report()
+        self._warn()
         return True
 
     def close(self, free: bool) -> None:
@@ -202,6 +213,9 @@ class FastSaver:
 
     def restore_first(self, requested: Optional[str]) -> bool:
         """Before the disk restore: resume from memory if a slot is at least as new as the disk pick."""
+        if self.world > 1:
+            self._persist_merged()
+            return False
         disk: Optional[CheckpointInfo] = None
         if requested == rundir.RESUME_NONE:
             pass
@@ -213,6 +227,20 @@ class FastSaver:
         else:
             disk = rundir.newest_valid(self.run.search_dirs)
         return self.try_restore(disk.step if disk is not None else -1, disk)
+
+    def _persist_merged(self) -> None:
+        """N ranks: every rank's slot of the newest step they all hold goes to disk as one
+        checkpoint (the supervisor has normally done it already), which the disk restore picks."""
+        run = self.run
+        if run.rank == 0:
+            try:
+                done = snapshot_store.persist_newest(run.rd, on_reject=lambda p, r: restoring.reject(run, p, r))
+            except (OSError, rundir.ContractError) as e:
+                _say(f"warning: cannot persist the memory snapshot: {e}")
+                done = None
+            if done is not None:
+                _say(f"persisted memory snapshot of step {done[1].global_step} to {done[0]}")
+        run._group.barrier("memory snapshot persisted")
 
     def try_restore(self, disk_step: int, disk: Optional[CheckpointInfo]) -> bool:
         """Resume from the newest complete slot when it is newer than `disk_step` (or the same
@@ -257,6 +285,9 @@ class FastSaver:
                 job = self._job
             try:
                 self._run_job(job)
+            except CollectiveTimeout as e:  # a peer's writer is gone: this process must end too
+                self._fatal = e
+                self._fail(job, str(e))
             except BaseException as e:  # never let the writer die silently
                 self._fail(job, f"{type(e).__name__}: {e}")
             with self._cv:
@@ -271,12 +302,12 @@ class FastSaver:
         if job.finalized:
             info = rundir.inspect_checkpoint(slot.path)
         else:
-            info = CheckpointInfo(slot.path, slot.finalize(job.snap, self.meta))
+            info = CheckpointInfo(slot.path, slot.finalize(job.snap, self.meta, self.world))
             with self._cv:
                 self.slots.newest = job.slot
                 self._pinned_complete = True
         if job.persist:
-            self._persist(job, info)
+            (self._persist if self.world == 1 else self._persist_share)(job, info)
 
     def _persist(self, job: _Job, info: CheckpointInfo) -> None:
         run = self.run
@@ -298,6 +329,29 @@ class FastSaver:
             run._retention.rotate()
             return
 
+    def _persist_share(self, job: _Job, info: CheckpointInfo) -> None:
+        """N ranks: the one commit protocol over the writers' group, each rank copying its share
+        from its slot (the slot's manifest has the digests: nothing is hashed twice)."""
+        run = self.run
+
+        def copy(run: "Run", tmp: Path, snap: ckpt.Snapshot) -> saving.Report:
+            mine: dict[str, tuple[int, str]] = {}
+            try:
+                for rel, ent in sorted(info.manifest.files.items()):
+                    size = snapshot_store.copy_member(info.path / rel, tmp / rel, run._on_progress)
+                    mine[rel] = (size, ent.xxh3_128)
+            except OSError as e:
+                return mine, f"rank {run.rank}: cannot write {tmp}: {ckpt.describe_os_error(e)}", set()
+            return mine, None, set()
+
+        outcome = saving.save_snapshot(run, job.snap, self.wgroup, copy)
+        if outcome.error is not None:
+            self._fail(job, outcome.error)
+        elif outcome.committed:
+            run._last_size = outcome.nbytes
+            run.checkpoint_step = job.snap.global_step
+            run._hb.fields["checkpoint_step"] = job.snap.global_step
+
     def _fail(self, job: _Job, error: str) -> None:
         path = self.run.rd.checkpoints / rundir.checkpoint_name(job.snap.global_step)
         self.run._event(Event.CHECKPOINT_FAILED, path=str(path), error=error, background=True)
@@ -309,10 +363,16 @@ def make(run: "Run", async_save: bool, memory_every: Optional[int]) -> Optional[
     """The saver for init(async_save=..., memory_every_steps=...), or None: saves stay synchronous."""
     if not async_save and not memory_every:
         return None
-    if run.world_size > 1 or run.sharded:
-        _say("warning: async_save/memory_every_steps are single-process, unsharded only for now; "
+    if run.sharded:
+        _say("warning: async_save/memory_every_steps are not supported for sharded (DCP) saves yet; "
              "this run saves synchronously")
         return None
+    if memory_every and run.world_size > 1 and distributed.env_int("LOCAL_WORLD_SIZE", 0) != run.world_size:
+        # Another node's ranks keep their slots in their own /dev/shm: no process sees a whole snapshot.
+        _say("warning: memory_every_steps is single-node only; memory snapshots are off for this run")
+        memory_every = None
+        if not async_save:
+            return None
     try:
         return FastSaver(run, async_save=async_save, memory_every=memory_every)
     except SlotError as e:

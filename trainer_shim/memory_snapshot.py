@@ -187,9 +187,9 @@ class Slot:
                 dst.copy_(src)
         self.views[name], self.layouts[name], self.regions[name] = views, _layout(tensors), (mm, entries)
 
-    def finalize(self, snap: ckpt.Snapshot, meta: dict[str, Any]) -> Manifest:
+    def finalize(self, snap: ckpt.Snapshot, meta: dict[str, Any], world_size: int = 1) -> Manifest:
         """Hash the tensors (their table) and the members, write MANIFEST.json last: from now on
-        the slot is a complete snapshot."""
+        the slot is a complete snapshot (of one rank's share when `world_size` > 1)."""
         known = {}
         for name, (mm, table) in self.regions.items():
             table, whole = raw.digests(mm, table)
@@ -201,7 +201,7 @@ class Slot:
                 continue
             dig = known.get(ent.name) or rundir.digest_file(Path(ent.path))
             entries[ent.name] = FileEntry(os.path.getsize(ent.path), dig)
-        manifest = ckpt._manifest(snap, entries, meta)
+        manifest = ckpt._manifest(snap, entries, meta, world_size)
         rundir.atomic_write_bytes(self.path / rundir.MANIFEST_NAME, snapshot_store.manifest_bytes(manifest),
                                   durable=False)
         return manifest
@@ -213,11 +213,11 @@ class Slot:
 
 
 class Slots:
-    """The two slots of one run dir: which is newest-complete, which the writer holds."""
+    """The two slots of one run dir (and rank): which is newest-complete, which the writer holds."""
 
-    def __init__(self, rd: rundir.RunDir) -> None:
+    def __init__(self, rd: rundir.RunDir, rank: int = 0) -> None:
         self.rd = rd
-        self.slots = [Slot(p) for p in rundir.snapshot_slot_paths(rd.root, rd.node)]
+        self.slots = [Slot(p) for p in rundir.snapshot_slot_paths(rd.root, rd.node, rank)]
         self.staging = Staging()
         self.newest: Optional[int] = None  # index of the newest complete slot this process wrote/restored
 
@@ -243,9 +243,10 @@ class Slots:
         return None
 
     def free(self) -> None:
+        """This rank's slots (the supervisor frees every rank's when the run ends)."""
         for s in self.slots:
             s.close()
-        snapshot_store.free(self.rd.root, self.rd.node)
+            snapshot_store.remove(s.path)
 
     def adopt(self, path: Path) -> None:
         """A slot this process restored from is the newest complete one (not overwritten first)."""

@@ -316,9 +316,10 @@ class Run:
     def _on_progress(self, nbytes: int) -> None:
         self._hb.save_bytes = nbytes
 
-    def _failed(self, root: Path, error: str) -> None:
-        _say(f"warning: checkpoint at step {self.global_step} failed in {root}: {error}; training continues")
-        self._event(Event.CHECKPOINT_FAILED, path=str(root / rundir.checkpoint_name(self.global_step)), error=error)
+    def _failed(self, root: Path, error: str, step: Optional[int] = None) -> None:
+        step = self.global_step if step is None else step  # a background save's step, not training's now
+        _say(f"warning: checkpoint at step {step} failed in {root}: {error}; training continues")
+        self._event(Event.CHECKPOINT_FAILED, path=str(root / rundir.checkpoint_name(step)), error=error)
 
     def _event(self, event: Event, **fields: Any) -> None:
         try:

@@ -22,7 +22,7 @@ import os
 import shutil
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from . import checkpoint as ckpt
 from . import data, retention, rng, rotation, rundir
@@ -33,7 +33,7 @@ from .rundir import CheckpointKind
 if TYPE_CHECKING:  # pragma: no cover
     from .run import Run
 
-__all__ = ["Action", "Decision", "Outcome", "decide", "commit", "save", "no_emergency_reason", "find_existing", "reusable", "snapshot", "ensure_space"]
+__all__ = ["Action", "Decision", "Outcome", "decide", "commit", "save", "save_snapshot", "no_emergency_reason", "find_existing", "reusable", "snapshot", "ensure_space"]
 
 
 class Action(str, enum.Enum):
@@ -73,13 +73,14 @@ def find_existing(run: Run, step: int) -> Optional[Path]:
     return None
 
 
-def reusable(run: Run, step: int, exact: bool) -> Optional[Path]:
+def reusable(run: Run, step: int, exact: bool, position: Optional[tuple[int, int]] = None) -> Optional[Path]:
     """The committed checkpoint at `step` that a save there may keep instead of writing, if any.
 
     One that must not stand for this run's state at the step is moved out of the way: an
     emergency one when an exact save comes (it was kept only for inspection), one this process
     rejected (a bit flip the size check cannot see) or that fails the size check, and one
-    another world size wrote (before a reshard: a different timeline).
+    another world size wrote (before a reshard: a different timeline). `position` (epoch,
+    batch_in_epoch) of the save: the run's own now, unless a background save says otherwise.
     """
     existing = find_existing(run, step)
     if existing is None:
@@ -93,7 +94,7 @@ def reusable(run: Run, step: int, exact: bool) -> Optional[Path]:
                 why = "inexact (emergency)"
             elif m.world_size != run.world_size:
                 why = f"written by {m.world_size} rank(s)"
-            elif (m.epoch, m.batch_in_epoch) != (run.epoch, run.batch_in_epoch):
+            elif (m.epoch, m.batch_in_epoch) != (position or (run.epoch, run.batch_in_epoch)):
                 # A step save on an epoch's last batch, before the epoch ended: the epoch-end
                 # save at the same step records the truth (next epoch, batch 0, RNG after the
                 # epoch body) so manifest, index and resume all agree.
@@ -159,20 +160,20 @@ def ensure_space(run: Run, root: Path, snap: ckpt.Snapshot) -> bool:
     free = retention.free_bytes(root)
     if free is None or free >= need:
         return True
-    run._failed(root, f"no_space: need {need} bytes free, have {free}")
+    run._failed(root, f"no_space: need {need} bytes free, have {free}", snap.global_step)
     return False
 
 
-def decide(run: Run, kind: CheckpointKind, exact: bool = True, start: int = 0) -> Decision:
-    """rank 0: keep an existing checkpoint at the step, or create the temporary dir in the first
-    root (from `start` on) that can take it."""
-    step = run.global_step
-    existing = reusable(run, step, exact) if start == 0 else None
+def decide(run: Run, snap: ckpt.Snapshot, start: int = 0) -> Decision:
+    """rank 0: keep an existing checkpoint at the snapshot's step, or create the temporary dir in
+    the first root (from `start` on) that can take it."""
+    step = snap.global_step
+    existing = reusable(run, step, snap.exact, (snap.epoch, snap.batch_in_epoch)) if start == 0 else None
     if existing is not None:
-        run._retention.upgrade_kind(existing, kind)
+        run._retention.upgrade_kind(existing, snap.kind)
         return Decision(Action.EXISTS, existing)
     name = rundir.checkpoint_name(step)
-    probe = ckpt.Snapshot({}, step, run.epoch, run.batch_in_epoch, kind, run.loss)
+    probe = dataclasses.replace(snap, files={})
     roots = run.search_dirs
     for index in range(start, len(roots)):
         root = roots[index]
@@ -185,13 +186,17 @@ def decide(run: Run, kind: CheckpointKind, exact: bool = True, start: int = 0) -
                 shutil.rmtree(tmp)
             tmp.mkdir(mode=rundir.RUN_DIR_MODE)
         except OSError as e:
-            run._failed(root, f"cannot create {tmp}: {e.strerror or e}")
+            run._failed(root, f"cannot create {tmp}: {e.strerror or e}", step)
             continue
         return Decision(Action.WRITE, tmp, index)
     return Decision(Action.NONE)
 
 
-def _write_mine(run: Run, tmp: Path, snap: ckpt.Snapshot) -> tuple[dict, Optional[str], set[str]]:
+Report = tuple[dict[str, tuple[int, str]], Optional[str], set[str]]
+Writer = Callable[["Run", Path, ckpt.Snapshot], Report]
+
+
+def _write_mine(run: Run, tmp: Path, snap: ckpt.Snapshot) -> Report:
     """This rank's members (and DCP shards): ({file: (size, digest)}, error, files DCP's metadata names)."""
     mine: dict[str, tuple[int, str]] = {}
     err: Optional[str] = None
@@ -246,14 +251,18 @@ def _finish(run: Run, decision: Decision, snap: ckpt.Snapshot, reports: list, re
     shutil.rmtree(tmp, ignore_errors=True)
     # What got written before the failure is a lower bound of the next one's size (free-space check).
     run._last_size = max(run._last_size, run._hb.save_bytes)
-    run._failed(tmp.parent, "; ".join(errs))
+    run._failed(tmp.parent, "; ".join(errs), snap.global_step)
     more = decision.root + 1 < len(run.search_dirs)
     return Outcome(error="; ".join(errs), retry_root=decision.root + 1 if more else None)
 
 
-def commit(run: Run, snap: ckpt.Snapshot, decision: Optional[Decision]) -> Outcome:
-    """Every rank: agree on rank 0's decision, write this rank's share, and learn the outcome."""
-    group = run._group
+def commit(run: Run, snap: ckpt.Snapshot, decision: Optional[Decision], group: Any = None,
+           write: Optional[Writer] = None) -> Outcome:
+    """Every rank: agree on rank 0's decision, write this rank's share, and learn the outcome.
+
+    `group`: the run's shim group unless a background writer has its own; `write`: this rank's
+    members from `snap` unless they come from elsewhere (a memory slot)."""
+    group = group or run._group
     group.barrier(f"checkpoint barrier at step {snap.global_step}")
     decision = group.broadcast(decision, "checkpoint decision")
     if decision.action is Action.EXISTS:
@@ -261,7 +270,7 @@ def commit(run: Run, snap: ckpt.Snapshot, decision: Optional[Decision]) -> Outco
     if decision.action is not Action.WRITE:
         return Outcome(error="no checkpoint root can take it")
     tmp = decision.path
-    mine, err, referenced = _write_mine(run, tmp, snap)
+    mine, err, referenced = (write or _write_mine)(run, tmp, snap)
     reports = group.all_gather((mine, err), "checkpoint file reports")
     outcome = _finish(run, decision, snap, reports, referenced) if run.rank == 0 else None
     return group.broadcast(outcome, "checkpoint outcome")
@@ -269,13 +278,17 @@ def commit(run: Run, snap: ckpt.Snapshot, decision: Optional[Decision]) -> Outco
 
 def save(run: Run, kind: CheckpointKind, exact: bool = True) -> Outcome:
     """Every rank, at the same step: the whole protocol, root after root until one takes it."""
-    decision = decide(run, kind, exact) if run.rank == 0 else None
-    snap = snapshot(run, kind, exact)
+    return save_snapshot(run, snapshot(run, kind, exact))
+
+
+def save_snapshot(run: Run, snap: ckpt.Snapshot, group: Any = None, write: Optional[Writer] = None) -> Outcome:
+    """save() of a snapshot taken earlier (a background writer's: its step, not the run's now)."""
+    decision = decide(run, snap) if run.rank == 0 else None
     while True:
-        outcome = commit(run, snap, decision)
+        outcome = commit(run, snap, decision, group, write)
         if outcome.retry_root is None:
             return outcome
-        decision = decide(run, kind, exact, outcome.retry_root) if run.rank == 0 else None
+        decision = decide(run, snap, outcome.retry_root) if run.rank == 0 else None
 
 
 def no_emergency_reason(run: Run) -> Optional[str]:

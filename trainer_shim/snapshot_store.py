@@ -123,6 +123,11 @@ def _copy_member(src: Path, dst: Path, want: Optional[str], progress: Callable[[
     return n
 
 
+def copy_member(src: Path, dst: Path, progress: Callable[[int], None] = lambda n: None) -> int:
+    """Copy one member into a new file, fsynced (in the kernel where it can); the caller knows its digest."""
+    return _copy_member(src, dst, None, progress, 0)
+
+
 def _kernel_copy(src: Path, dst: Path, progress: Callable[[int], None], base: int) -> int:
     n = 0
     with open(src, "rb", buffering=0) as f:

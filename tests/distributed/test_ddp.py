@@ -18,7 +18,7 @@ from supervisor.config import build_config
 from supervisor.errors import ConfigError
 from supervisor.launch import ProcessFailure, parse_torchrun_failure, torchrun_command
 from tests.conftest import mounted_tmpfs
-from tests.save_modes import LONG
+from tests.save_modes import LONG, modes, save_mode  # noqa: F401  (fixture)
 from tests.distributed.common import DDP_JOB, FAST, assert_same_weights, recovered_run
 from tests.supervisor.helpers import alive, ended_kinds, events, heartbeat, kill_group, run_cli, start_cli, wait_until
 from trainer_shim import rundir
@@ -80,6 +80,25 @@ def test_sigkill_of_either_rank_over_attempts_is_bit_exact(reference: Path, tmp_
     assert sorted(f.name for f in (rd / "logs").glob("attempt-*.log")) == [f"attempt-000{n}.log" for n in (1, 2, 3, 4)]
     assert not [q for q in psutil.process_iter(["cmdline"]) if "trainer_shim.standby" in (q.info["cmdline"] or [])
                 and str(out) in " ".join(q.info["cmdline"])]
+
+
+@pytest.mark.parametrize("save_mode", modes("async", "memory"), indirect=True)
+def test_fast_saves_of_every_rank_survive_sigkill_bit_exact(reference: Path, tmp_path: Path, save_mode: str):
+    # rank 1 killed right after step 6 returned, rank 0 after step 13. Async: each rank copies its
+    # share and returns; the writer threads commit together in the background. Memory snapshots:
+    # every rank's slot holds its share of each step; the supervisor merges the slots of the
+    # newest step all ranks hold into one checkpoint, and the next attempt resumes from it.
+    rd, out = recovered_run(tmp_path, "fast", faults="1:kill@6:1,2:kill@13:0", kinds=["signal", "signal", "success"])
+    assert_same_weights(out, reference / "out")
+    starts = [e["resume_from"] for e in events(rd, "attempt_started")][1:]
+    if "memory" in save_mode:
+        kept = events(rd, "checkpoint_persisted_by_supervisor")
+        assert [e["step"] for e in kept] == [6, 13], kept
+        assert starts == [e["path"] for e in kept]  # (merged checkpoints: world_size 2, rotated away since)
+    else:
+        assert all(s is not None and rundir.parse_checkpoint_name(Path(s).name) is not None for s in starts), starts
+    assert not [p for p in Path("/dev/shm").iterdir() if p.name.startswith(rundir.snapshot_slot_paths(rd)[0].name[:-1])]
+    assert not list(rundir.tmp_dirs(rd / "checkpoints"))
 
 
 @pytest.mark.skipif(not LONG, reason="long variant: set RRTEST_LONG_FAULTS=1 (make test-faults)")

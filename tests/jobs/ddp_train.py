@@ -14,6 +14,7 @@ run.step() returns at global_step == STEP when $RESILIENT_ATTEMPT == ATTEMPT (or
 only when given (else on every rank). ACTIONs: kill (SIGKILL itself), hang (sleep forever
 outside any collective: the other ranks block in the next all-reduce), hang_pre (the same, but
 before run.step(): this rank's heartbeat stops one step earlier than the others'), raise, sigterm.
+TOY_ASYNC_SAVE=1 / TOY_MEMORY_EVERY=K: init(async_save=True) / init(memory_every_steps=K), as in toy_train.py.
 DDP_JITTER_RANK=R: rank R adds noise to its inputs from a module-level NumPy generator that no
 checkpoint holds (a defect `resilient-run doctor` must name, with the rank).
 """
@@ -113,7 +114,9 @@ def main() -> None:
 
     run = trainer_shim.init(model=model, optimizer=opt, scheduler=sched, run_dir=args.run_dir,
                             save_every_steps=args.save_every, collective_timeout=args.collective_timeout,
-                            heartbeat_interval=args.heartbeat_interval, fallback_dir=args.fallback_dir)
+                            heartbeat_interval=args.heartbeat_interval, fallback_dir=args.fallback_dir,
+                            async_save=os.environ.get("TOY_ASYNC_SAVE") == "1",
+                            memory_every_steps=int(os.environ.get("TOY_MEMORY_EVERY") or 0) or None)
     if args.dump_restored:
         # Collective under FSDP: every rank gathers, rank 0 writes.
         sd = full_weights(model) if args.fsdp else net.state_dict()
