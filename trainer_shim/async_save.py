@@ -4,8 +4,9 @@
 preallocated buffers are the slot's mapped tensors) and returns; one writer THREAD (not a
 forked process: no copy-on-write cost after a restore) hashes the slot, writes its manifest
 (now it is a complete memory snapshot) and persists it to checkpoints/ with the one commit
-protocol (snapshot_store.persist: copy + verify digests + fsync, manifest last, rename, fsync
-dir, `latest`), then the index and rotation. At most one save is in flight:
+protocol of a synchronous save (saving.save_snapshot: decide, copy each rank's share from its
+slot, commit, `latest`, index, rotation; N ranks over a gloo group of the writers' own). At
+most one save is in flight:
 
 - a due *disk* save while one is in flight WAITS for it (a disk save is never dropped);
 - a due *memory* snapshot (`memory_every_steps`) is finalized on the training thread (copy +
@@ -172,7 +173,7 @@ class FastSaver:
         except (OSError, RuntimeError, SlotError) as e:
             self._fail_slot(idx, e)
             return None
-        return dataclasses.replace(full, files={})
+        return dataclasses.replace(full, files={}, background=True)
 
     def _fail_slot(self, idx: int, e: BaseException) -> None:
         path = self.slots.slots[idx].path
@@ -264,7 +265,8 @@ class FastSaver:
                 run.resumed_from = str(disk.path)  # type: ignore[union-attr]
             else:
                 self._submit(_Job(self.slots.newest, ckpt.Snapshot({}, info.step, info.manifest.epoch,  # type: ignore[arg-type]
-                                  info.manifest.batch_in_epoch, info.manifest.kind, info.manifest.loss),
+                                  info.manifest.batch_in_epoch, info.manifest.kind, info.manifest.loss,
+                                  background=True),
                                   persist=True, finalized=True))
             return True
         return False
@@ -307,31 +309,13 @@ class FastSaver:
                 self.slots.newest = job.slot
                 self._pinned_complete = True
         if job.persist:
-            (self._persist if self.world == 1 else self._persist_share)(job, info)
+            self._persist(job, info)
 
     def _persist(self, job: _Job, info: CheckpointInfo) -> None:
-        run = self.run
-        for root in run.search_dirs:
-            if not saving.ensure_space(run, root, job.snap):
-                continue
-            try:
-                # No second digest pass: this thread hashed the slot and holds it (the supervisor's copy verifies).
-                final = snapshot_store.persist(info, root, progress=run._on_progress, verify=False)
-            except (OSError, InvalidCheckpoint) as e:
-                self._fail(job, f"{root / rundir.checkpoint_name(job.snap.global_step)}: {e}")
-                continue
-            if final is None:
-                return
-            run._last_size = sum(f.size for f in info.manifest.files.values())
-            run.checkpoint_step = job.snap.global_step
-            run._hb.fields["checkpoint_step"] = job.snap.global_step
-            run._retention.add(final, info.manifest)
-            run._retention.rotate()
-            return
-
-    def _persist_share(self, job: _Job, info: CheckpointInfo) -> None:
-        """N ranks: the one commit protocol over the writers' group, each rank copying its share
-        from its slot (the slot's manifest has the digests: nothing is hashed twice)."""
+        """The one commit protocol (saving.save_snapshot: the same decisions as a synchronous save,
+        e.g. an epoch-end save supersedes the step save of its step; the fallback root), each rank
+        copying its share from its slot; the slot's manifest has the digests: nothing is hashed
+        twice. N ranks commit together over the writers' group; one process over its no-op group."""
         run = self.run
 
         def copy(run: "Run", tmp: Path, snap: ckpt.Snapshot) -> saving.Report:
@@ -345,16 +329,17 @@ class FastSaver:
             return mine, None, set()
 
         outcome = saving.save_snapshot(run, job.snap, self.wgroup, copy)
-        if outcome.error is not None:
-            self._fail(job, outcome.error)
+        if outcome.error is not None:  # each root's failure is an event already (background: true)
+            self._fail(job, outcome.error, event=False)
         elif outcome.committed:
             run._last_size = outcome.nbytes
             run.checkpoint_step = job.snap.global_step
             run._hb.fields["checkpoint_step"] = job.snap.global_step
 
-    def _fail(self, job: _Job, error: str) -> None:
+    def _fail(self, job: _Job, error: str, event: bool = True) -> None:
         path = self.run.rd.checkpoints / rundir.checkpoint_name(job.snap.global_step)
-        self.run._event(Event.CHECKPOINT_FAILED, path=str(path), error=error, background=True)
+        if event:
+            self.run._event(Event.CHECKPOINT_FAILED, path=str(path), error=error, background=True)
         with self._cv:
             self._warnings.append(f"background checkpoint at step {job.snap.global_step} failed: {error}")
 

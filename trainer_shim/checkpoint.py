@@ -83,6 +83,7 @@ class Snapshot:
     loss: Optional[float]
     exact: bool = True
     sharded: bool = False  # model/optimizer go through DCP (sharded.save), not into `files`
+    background: bool = False  # committed by the async writer thread (its failures say so)
 
 
 def to_cpu(obj: Any) -> Any:

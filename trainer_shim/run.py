@@ -316,10 +316,12 @@ class Run:
     def _on_progress(self, nbytes: int) -> None:
         self._hb.save_bytes = nbytes
 
-    def _failed(self, root: Path, error: str, step: Optional[int] = None) -> None:
-        step = self.global_step if step is None else step  # a background save's step, not training's now
+    def _failed(self, root: Path, error: str, snap: Any = None) -> None:
+        """A save failed in `root` (of `snap`, a checkpoint.Snapshot: a background save's step, not training's now)."""
+        step = self.global_step if snap is None else snap.global_step
         _say(f"warning: checkpoint at step {step} failed in {root}: {error}; training continues")
-        self._event(Event.CHECKPOINT_FAILED, path=str(root / rundir.checkpoint_name(step)), error=error)
+        extra = {"background": True} if snap is not None and snap.background else {}
+        self._event(Event.CHECKPOINT_FAILED, path=str(root / rundir.checkpoint_name(step)), error=error, **extra)
 
     def _event(self, event: Event, **fields: Any) -> None:
         try:

@@ -160,7 +160,7 @@ def ensure_space(run: Run, root: Path, snap: ckpt.Snapshot) -> bool:
     free = retention.free_bytes(root)
     if free is None or free >= need:
         return True
-    run._failed(root, f"no_space: need {need} bytes free, have {free}", snap.global_step)
+    run._failed(root, f"no_space: need {need} bytes free, have {free}", snap)
     return False
 
 
@@ -186,7 +186,7 @@ def decide(run: Run, snap: ckpt.Snapshot, start: int = 0) -> Decision:
                 shutil.rmtree(tmp)
             tmp.mkdir(mode=rundir.RUN_DIR_MODE)
         except OSError as e:
-            run._failed(root, f"cannot create {tmp}: {e.strerror or e}", step)
+            run._failed(root, f"cannot create {tmp}: {e.strerror or e}", snap)
             continue
         return Decision(Action.WRITE, tmp, index)
     return Decision(Action.NONE)
@@ -251,7 +251,7 @@ def _finish(run: Run, decision: Decision, snap: ckpt.Snapshot, reports: list, re
     shutil.rmtree(tmp, ignore_errors=True)
     # What got written before the failure is a lower bound of the next one's size (free-space check).
     run._last_size = max(run._last_size, run._hb.save_bytes)
-    run._failed(tmp.parent, "; ".join(errs), snap.global_step)
+    run._failed(tmp.parent, "; ".join(errs), snap)
     more = decision.root + 1 < len(run.search_dirs)
     return Outcome(error="; ".join(errs), retry_root=decision.root + 1 if more else None)
 

@@ -178,12 +178,10 @@ def merged_manifest(infos: list[CheckpointInfo]) -> Manifest:
 
 
 def persist(info: CheckpointInfo | list[CheckpointInfo], ckpt_root: Path,
-            progress: Callable[[int], None] = lambda n: None, verify: bool = True) -> Optional[Path]:
-    """Copy a complete slot (or every rank's slot of one save) into ckpt_root as step-N; None if
-    step-N already exists there.
-
-    `verify` hashes every byte copied against the slot's manifest (a slot someone else wrote);
-    the writer thread that just hashed the slot and holds it copies in the kernel instead.
+            progress: Callable[[int], None] = lambda n: None) -> Optional[Path]:
+    """Copy a complete slot (or every rank's slot of one save) into ckpt_root as step-N, hashing
+    every byte against the slots' manifests (slots someone else wrote); None if step-N already
+    exists there. (The trainer's own writer copies through saving.save_snapshot instead.)
 
     OSError (disk) and InvalidCheckpoint (the slot changed or lied) propagate; the tmp dir is
     removed on any failure and a committed dir is never overwritten.
@@ -203,7 +201,7 @@ def persist(info: CheckpointInfo | list[CheckpointInfo], ckpt_root: Path,
         for one in infos:
             for rel, ent in sorted(one.manifest.files.items()):
                 src = rundir.safe_member(one.path, rel)
-                written += _copy_member(src, tmp / rel, ent.xxh3_128 if verify else None, progress, written)
+                written += _copy_member(src, tmp / rel, ent.xxh3_128, progress, written)
         raw = (infos[0].path / rundir.MANIFEST_NAME).read_bytes() if len(infos) == 1 else manifest_bytes(manifest)
         commit_dir(tmp, final, raw, manifest.exact)
     except BaseException:
