@@ -36,17 +36,31 @@ _REF_CACHE: dict[tuple[str, ...], dict[str, torch.Tensor]] = {}
 
 
 def reference(tmp_path: Path, *args: str) -> dict[str, torch.Tensor]:
-    """Final weights of an uninterrupted standalone run of toy_train.py with `args` (cached per args)."""
-    key = tuple(args)
+    """Final weights of an uninterrupted standalone run of toy_train.py with `args` (cached per args).
+
+    `--step-sleep S` is dropped: it only sleeps after a step (time for a test to act), it changes no
+    weight, and in an uninterrupted run it is pure waiting."""
+    key = _without_step_sleep(args)
     if key not in _REF_CACHE:
         d = Path(tmp_path) / f"reference-{len(_REF_CACHE)}"
         d.mkdir(parents=True)
         out = d / "weights.pt"
-        p = subprocess.run([PYTHON, TOY, *args, "--run-dir", str(d / "run"), "--out", str(out)],
+        p = subprocess.run([PYTHON, TOY, *key, "--run-dir", str(d / "run"), "--out", str(out)],
                            env=sup_env(**PLAIN), capture_output=True, text=True, timeout=300)
         assert p.returncode == 0, p.stderr[-2000:]
         _REF_CACHE[key] = weights(out)
     return _REF_CACHE[key]
+
+
+def _without_step_sleep(args: tuple[str, ...]) -> tuple[str, ...]:
+    out: list[str] = []
+    it = iter(args)
+    for a in it:
+        if a == "--step-sleep":
+            next(it, None)
+        elif not a.startswith("--step-sleep="):
+            out.append(a)
+    return tuple(out)
 
 
 def faulted_run(run_dir: Path, out: Path, job: tuple[str, ...], faults: str, kinds: list[str],

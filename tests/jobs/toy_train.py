@@ -12,6 +12,7 @@ Other knobs (environment):
   TOY_WRITE_MBPS=R       large writes (>= 1 MiB, i.e. checkpoint tensors) are throttled to R MB/s:
                          a slow but progressing filesystem (NFS, a busy disk).
   TOY_ASYNC_SAVE=1       init(async_save=True);  TOY_MEMORY_EVERY=K  init(memory_every_steps=K)
+  TOY_STEP_SLEEP_ATTEMPT=A --step-sleep applies in attempt A only (the others run at full speed).
   TOY_CRASH_IF_RESUMED_FROM_STEP=N
                          raise right after resuming from the checkpoint of step N: a poisoned
                          checkpoint that crashes every attempt resuming from it.
@@ -144,6 +145,7 @@ def main() -> None:
     random.seed(0)
     np.random.seed(0)
     faults = parse_faults(os.environ.get("TOY_FAULTS", ""), attempt())
+    step_sleep = args.step_sleep if os.environ.get("TOY_STEP_SLEEP_ATTEMPT", str(attempt())) == str(attempt()) else 0.0
     global _HANG_FLAG
     if "worker_hang" in faults.values():
         # Per attempt, next to the output (the run dir is created by init(), after the loader).
@@ -177,10 +179,11 @@ def main() -> None:
             run.step(loss=loss)
             if run.global_step in faults:
                 inject(faults[run.global_step])
-            if args.step_sleep:
-                time.sleep(args.step_sleep)
+            if step_sleep:
+                time.sleep(step_sleep)
         per_epoch.step()
     run.finish()
+    os.write = _real_write  # TOY_WRITE_MBPS & co. slow checkpoint writes; the result file is none
     out = Path(args.out) if args.out else run.rd.root / "final_weights.pt"
     torch.save(model.state_dict(), out)
     print(f"toy_train: finished step {run.global_step}", flush=True)

@@ -2,22 +2,14 @@
 
 from __future__ import annotations
 
-import subprocess
-
 import torch
 
-from tests.conftest import JOBS, PYTHON
+from tests.conftest import JOBS
+from tests.faults.common import reference
 
 from .helpers import alive, attempt_pids, ended_kinds, events, run_cli, sup_env
 
 TOY = str(JOBS / "toy_train.py")
-
-
-def _reference(tmp_path, *args: str) -> dict:
-    out = tmp_path / "reference.pt"
-    subprocess.run([PYTHON, TOY, "--run-dir", str(tmp_path / "ref"), "--out", str(out), *args],
-                   env=sup_env(), check=True, capture_output=True, timeout=120)
-    return torch.load(out)
 
 
 def _assert_equal(a: dict, b: dict) -> None:
@@ -27,7 +19,7 @@ def _assert_equal(a: dict, b: dict) -> None:
 
 
 def test_kill_raise_exit_hang_cuda_oom_then_success_bit_exact(tmp_path, run_dir):
-    ref = _reference(tmp_path)
+    ref = reference(tmp_path)  # cached per args: test_warm_restart compares with the same run
     out = tmp_path / "weights.pt"
     faults = "1:kill@7,2:raise@14,3:exit3@20,4:hang@27,5:cuda_oom@31"
     r = run_cli("--run-dir", str(run_dir), "--backoff", "0", "--heartbeat-timeout", "2", "--grace-period", "2",

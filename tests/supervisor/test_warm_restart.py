@@ -4,25 +4,25 @@ cold start to the classifier and to the weights."""
 
 from __future__ import annotations
 
-import subprocess
-
 import psutil
 import torch
 
-from tests.conftest import JOBS, PYTHON
+from tests.conftest import JOBS
+from tests.faults.common import reference
 
 from .helpers import alive, attempt_pids, ended_kinds, events, run_cli, sup_env
 
 TOY = str(JOBS / "toy_train.py")
 FAULTS = "1:kill@20,2:raise@30"   # kill -9, then an uncaught exception in the (warm) second attempt
 # Steps are slowed so attempt 1 trains ~4 s: time for the warm interpreter to finish importing torch
-# (an unready one is not used: that restart starts cold).
+# (an unready one is not used: that restart starts cold). Only attempt 1 is slowed
+# (TOY_STEP_SLEEP_ATTEMPT): the later ones need no time to act in.
 
 
 def _run(tmp_path, name: str, *extra: str) -> tuple:
     rd, out = tmp_path / name, tmp_path / f"{name}.pt"
     r = run_cli("--run-dir", str(rd), "--backoff", "0", *extra, TOY, "--out", str(out), "--step-sleep", "0.2",
-                env=sup_env(TOY_FAULTS=FAULTS), timeout=180)
+                env=sup_env(TOY_FAULTS=FAULTS, TOY_STEP_SLEEP_ATTEMPT="1"), timeout=180)
     assert r.returncode == 0, r.stderr[-3000:]
     return rd, out
 
@@ -34,9 +34,7 @@ def _no_standby_left(marker: str) -> None:
 
 
 def test_warm_restart_matches_cold_and_is_bit_exact(tmp_path):
-    ref = tmp_path / "reference.pt"
-    subprocess.run([PYTHON, TOY, "--run-dir", str(tmp_path / "ref"), "--out", str(ref)],
-                   env=sup_env(), check=True, capture_output=True, timeout=120)
+    expected = reference(tmp_path)  # the uninterrupted run, shared with test_end_to_end (cached per args)
     warm_rd, warm_out = _run(tmp_path, "warm")
     cold_rd, cold_out = _run(tmp_path, "cold", "--no-prestart")
 
@@ -51,7 +49,6 @@ def test_warm_restart_matches_cold_and_is_bit_exact(tmp_path):
     cold_ended = [{k: e.get(k) for k in fields} for e in events(cold_rd, "attempt_ended")]
     assert warm_ended == cold_ended
     # Both finish bit-exact against the uninterrupted run.
-    expected = torch.load(ref)
     for out in (warm_out, cold_out):
         got = torch.load(out)
         assert got.keys() == expected.keys()
