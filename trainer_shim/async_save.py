@@ -258,6 +258,8 @@ class FastSaver:
                 restoring._apply(run, info.path, verify=True)
             except CheckpointError as e:
                 restoring.reject(run, info.path, str(e))
+                # Never picked again (by a later attempt or the supervisor's persist): not complete.
+                (info.path / rundir.MANIFEST_NAME).unlink(missing_ok=True)
                 continue
             _say(f"resumed from memory step {info.step}")
             self.slots.adopt(info.path)

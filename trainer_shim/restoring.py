@@ -17,6 +17,7 @@ from . import checkpoint as ckpt
 from . import provenance, rng, rundir
 from .errors import CheckpointError, WorldSizeMismatch
 from .loading import sharded_module
+from .raw_tensors import LiveStateChanged
 from .rundir import Event
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -52,16 +53,14 @@ def restore(run: Run) -> None:
     group = run._group
     requested = run.env.resume_from
     if requested == rundir.RESUME_NONE:
-        if run.rank == 0:
-            _say(f"starting fresh in {run.rd.root} (supervisor: no valid checkpoint)")
+        _start_fresh(run, " (supervisor: no valid checkpoint)")
         return
     below: Optional[int] = None
     while True:
         cand = group.broadcast(_choose(run, requested, below), "checkpoint choice")
         requested = None
         if cand is None:
-            if run.rank == 0:
-                _say(f"starting fresh in {run.rd.root}")
+            _start_fresh(run, "")
             return
         path = Path(cand)
         # Many ranks split the hashing of the files; one process verifies what it reads.
@@ -82,6 +81,19 @@ def restore(run: Run) -> None:
             reject(run, path, "; ".join(e if alone else f"rank {r}: {e}" for r, e in errs))
         run.resumed_from = None
         below = rundir.parse_checkpoint_name(path.name)
+
+
+def _start_fresh(run: Run, why: str) -> None:
+    """Fresh start, unless a rejected checkpoint already wrote into the live model (see
+    raw_tensors): then this attempt cannot start from the user's own initial state; it ends, and
+    the next one (the bad slot's manifest gone) starts fresh for real."""
+    if getattr(run, "_live_state_changed", False):
+        _say("error: a rejected checkpoint had already overwritten part of the live state and no valid "
+             "checkpoint is left to replace it; ending this attempt so the next one starts fresh")
+        run._group.destroy()
+        raise SystemExit(1)  # a crash to the supervisor: restarted under the usual policy
+    if run.rank == 0:
+        _say(f"starting fresh in {run.rd.root}{why}")
 
 
 def _world_size_refused(run: Run, path: Path, e: Exception) -> None:
@@ -168,7 +180,12 @@ def _load_members(run: Run, path: Path, verify: bool) -> tuple[rundir.Checkpoint
 
 
 def _apply(run: Run, path: Path, verify: bool) -> None:
-    info, tr, reshard = _load_members(run, path, verify)
+    try:
+        info, tr, reshard = _load_members(run, path, verify)
+    except LiveStateChanged:
+        run._live_state_changed = True  # only a later complete load may clear this
+        raise
+    run._live_state_changed = False  # every live tensor the failed load touched is overwritten now
     m = info.manifest
     run.state.clear()
     run.state.update(tr.get("state") or {})

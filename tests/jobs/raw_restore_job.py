@@ -1,11 +1,13 @@
 """A job for the raw memory-snapshot restore tests (issue 14).
 
-`snap`: train N steps with a memory snapshot every step, torch.save the state it reached to
---expect, then kill -9 itself (the slots stay behind). `restore`: build the model with another
+`snap`: train N steps with a memory snapshot every step (a disk save every --save-every), torch.save
+the state reached after each step, and after one step more (not snapshotted), to --expect
+({step: state}), then kill -9 itself (the slots stay behind). `restore`: build the model with another
 seed (optionally with optimizer state from one step of its own), init() on the same run dir, and
 print one JSON line: the step it resumed at, whether the state equals --expect bit for bit,
 whether it landed in the tensors that existed before init() (in place), and whether the model is
-still exactly its own initial weights.
+still exactly its own initial weights; then whether one more training step (huge-page optimizer
+state, restored RNG) lands exactly where the killed run's next step did.
 """
 
 from __future__ import annotations
@@ -49,16 +51,20 @@ def main() -> None:
     ap.add_argument("--run-dir", required=True)
     ap.add_argument("--expect", required=True)
     ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--save-every", type=int, default=1000)
     ap.add_argument("--warm-optimizer", action="store_true")
     args = ap.parse_args()
     if args.mode == "snap":
         model, opt = build(0)
         run = trainer_shim.init(model=model, optimizer=opt, run_dir=args.run_dir, memory_every_steps=1,
-                                save_every_steps=1000, save_on_epoch_end=False)
-        for _ in range(args.steps):
+                                save_every_steps=args.save_every, save_on_epoch_end=False)
+        want = {}
+        for n in range(1, args.steps + 2):
             step(model, opt)
-            run.step()
-        torch.save({k: v.clone() for k, v in tensors(model, opt).items()}, args.expect)
+            if n <= args.steps:
+                run.step()
+            want[n] = {k: v.clone() for k, v in tensors(model, opt).items()}
+        torch.save(want, args.expect)
         os.kill(os.getpid(), signal.SIGKILL)
     model, opt = build(1)
     if args.warm_optimizer:
@@ -66,15 +72,20 @@ def main() -> None:
     initial = {k: v.clone() for k, v in model.state_dict().items()}
     before = {k: v.data_ptr() for k, v in tensors(model, opt).items()}
     run = trainer_shim.init(model=model, optimizer=opt, run_dir=args.run_dir, memory_every_steps=1,
-                            save_every_steps=1000, save_on_epoch_end=False)
-    want = torch.load(args.expect, weights_only=True)
-    got = tensors(model, opt)
-    print(json.dumps({
+                            save_every_steps=args.save_every, save_on_epoch_end=False)
+    expect = torch.load(args.expect, weights_only=True)
+    want, got = expect.get(run.global_step, {}), tensors(model, opt)
+    out = {
         "step": run.global_step,
         "equal": got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want),
         "in_place": sorted(k for k, p in before.items() if k in got and got[k].data_ptr() == p),
         "initial": all(torch.equal(model.state_dict()[k], v) for k, v in initial.items()),
-    }), flush=True)
+    }
+    if run.global_step:
+        step(model, opt)
+        got, want = tensors(model, opt), expect[run.global_step + 1]
+        out["next_equal"] = got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+    print(json.dumps(out), flush=True)
     run.finish()
 
 

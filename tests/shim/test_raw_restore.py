@@ -1,6 +1,7 @@
-"""Memory snapshots in the raw layout (issue 14): a restart restores by copying verified bytes
-straight into the live tensors, materialises optimizer state that does not exist yet, refuses a
-corrupt tensor before any live byte changes, and a slot persisted to disk loads with the one reader."""
+"""Memory snapshots in the raw layout (issue 14): a restart reads the bytes straight into the live
+tensors, materialises optimizer state that does not exist yet, and trains on bit-exact; a corrupt
+tensor rejects the slot and the disk checkpoint replaces whatever it touched, or, with none left,
+the attempt ends and the next starts fresh; a slot persisted to disk loads with the one reader."""
 
 from __future__ import annotations
 
@@ -25,9 +26,9 @@ def _job(run_dir: Path, expect: Path, *args: str) -> subprocess.CompletedProcess
                           env=child_env(**PLAIN), capture_output=True, text=True, timeout=180)
 
 
-def _snapped(tmp_path: Path) -> tuple[Path, Path]:
+def _snapped(tmp_path: Path, *args: str) -> tuple[Path, Path]:
     run_dir, expect = tmp_path / "run", tmp_path / "expect.pt"
-    p = _job(run_dir, expect, "snap")
+    p = _job(run_dir, expect, "snap", *args)
     assert p.returncode == -9, p.stderr[-2000:]
     return run_dir, expect
 
@@ -44,40 +45,58 @@ def test_a_restart_copies_the_snapshot_into_the_live_tensors_bit_exact(tmp_path:
     assert (slot / (ckpt.MODEL_FILE + rundir.TABLE_SUFFIX)).exists(), "the slot is not in the raw layout"
     # Optimizer state exists (one step of the new process's own): everything lands in place.
     warm = _restored(run_dir, expect, "--warm-optimizer")
-    assert warm["step"] == 3 and warm["equal"] and not warm["initial"], warm
-    want = torch.load(expect, weights_only=True)
+    assert warm["step"] == 3 and warm["equal"] and warm["next_equal"] and not warm["initial"], warm
+    want = torch.load(expect, weights_only=True)[3]
     assert warm["in_place"] == sorted(want), "a restored tensor is not the live tensor it replaces"
     assert not shm_segments(run_dir), "finish() left the memory slots behind"
 
 
-def test_optimizer_state_that_does_not_exist_yet_is_materialised(tmp_path: Path) -> None:
+def test_optimizer_state_that_does_not_exist_yet_is_materialised_and_trains_on_bit_exact(tmp_path: Path) -> None:
     run_dir, expect = _snapped(tmp_path)
-    cold = _restored(run_dir, expect)
-    assert cold["step"] == 3 and cold["equal"], cold
-    assert cold["in_place"] == sorted(k for k in torch.load(expect, weights_only=True) if k.startswith("model."))
+    cold = _restored(run_dir, expect)  # its optimizer state lands on fresh huge-page-advised memory
+    assert cold["step"] == 3 and cold["equal"] and cold["next_equal"], cold
+    assert cold["in_place"] == sorted(k for k in torch.load(expect, weights_only=True)[3] if k.startswith("model."))
 
 
-def test_a_persisted_slot_loads_on_disk_and_a_corrupt_tensor_is_refused_before_any_live_byte_changes(
-        tmp_path: Path) -> None:
-    run_dir, expect = _snapped(tmp_path)
+def _flip_middle_byte(region: Path) -> None:
+    with open(region, "r+b") as f:
+        f.seek(region.stat().st_size // 2)
+        b = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([b[0] ^ 0xFF]))
+
+
+def test_a_persisted_slot_loads_on_disk_and_a_corrupt_tensor_falls_back_to_disk_bit_exact(tmp_path: Path) -> None:
+    run_dir, expect = _snapped(tmp_path, "--save-every", "2")  # on disk: step 2; in memory: 2 and 3
     # The supervisor's torch-free copy (elsewhere: not a resume candidate) reads back with the one reader.
     final = snapshot_store.persist(snapshot_store.complete_slots(run_dir)[0], tmp_path / "elsewhere")
     assert final is not None
     _info, files = ckpt.read_checkpoint(final)  # every digest: whole files and each tensor
-    want = torch.load(expect, weights_only=True)
+    want = torch.load(expect, weights_only=True)[3]
     for k, v in files[ckpt.MODEL_FILE].items():
         assert torch.equal(v, want[f"model.{k}"]), k
     for i, st in files[ckpt.OPTIMIZER_FILE]["state"].items():
         assert torch.equal(st["exp_avg_sq"], want[f"opt.{i}.exp_avg_sq"]), i
-    for slot in shm_segments(run_dir):  # one flipped byte in the middle of each slot's model tensors
-        region = slot / (ckpt.MODEL_FILE + rundir.TENSORS_SUFFIX)
-        with open(region, "r+b") as f:
-            f.seek(region.stat().st_size // 2)
-            b = f.read(1)
-            f.seek(-1, 1)
-            f.write(bytes([b[0] ^ 0xFF]))
-    got = _restored(run_dir, expect)
-    assert got["step"] == 0 and got["initial"], f"a corrupt snapshot changed the live model: {got}"
+    # A flipped byte in each slot's optimizer tensors: the model (read first, straight into the
+    # live tensors) is already overwritten when the digest fails; the disk checkpoint replaces it all.
+    for slot in shm_segments(run_dir):
+        _flip_middle_byte(slot / (ckpt.OPTIMIZER_FILE + rundir.TENSORS_SUFFIX))
+    got = _restored(run_dir, expect, "--warm-optimizer")
+    assert got["step"] == 2 and got["equal"] and got["next_equal"], got
     reasons = [e["reason"] for e in events(run_dir, rundir.Event.CHECKPOINT_REJECTED)]
-    assert len(reasons) == 2 and all("digest mismatch" in r for r in reasons), reasons
+    # Only the step-3 slot is tried: the step-2 one is no newer than the disk checkpoint.
+    assert len(reasons) == 1 and "tensor" in reasons[0] and "digest mismatch" in reasons[0], reasons
+    assert not shm_segments(run_dir)
+
+
+def test_a_corrupt_tensor_with_no_disk_checkpoint_ends_the_attempt_and_the_next_starts_fresh(tmp_path: Path) -> None:
+    run_dir, expect = _snapped(tmp_path)
+    for slot in shm_segments(run_dir):
+        _flip_middle_byte(slot / (ckpt.OPTIMIZER_FILE + rundir.TENSORS_SUFFIX))
+    p = _job(run_dir, expect, "restore", "--warm-optimizer")
+    errors = [ln for ln in p.stderr.splitlines() if "error:" in ln]
+    assert p.returncode == 1 and len(errors) == 1 and "overwritten part of the live state" in errors[0], p.stderr
+    assert not snapshot_store.complete_slots(run_dir), "a rejected slot can still be picked"
+    got = _restored(run_dir, expect)
+    assert got["step"] == 0 and got["initial"], f"the next attempt did not start fresh: {got}"
     assert not shm_segments(run_dir)

@@ -1,0 +1,101 @@
+"""raw_tensors.load in-process (issue 14): bytes read straight into contiguous live tensors,
+strided live targets and saved strides honoured, nothing aliases the file, a bad digest names
+the tensor and says whether live bytes had changed, the two-reader split gives the same result."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from trainer_shim import raw_tensors as raw
+from trainer_shim import rundir
+from trainer_shim.errors import CheckpointError
+
+
+def _member(tmp_path: Path, tensors: list[torch.Tensor]) -> Path:
+    """Write a split member the way a memory snapshot does (region, then its table)."""
+    entries = raw.plan(tensors)
+    assert entries is not None
+    path = tmp_path / ("m.pt" + rundir.TENSORS_SUFFIX)
+    mm = raw.create(path, entries)
+    for e, t in zip(entries, tensors):
+        raw.view(mm, e).copy_(t)
+    table, _whole = raw.digests(mm, entries)
+    (tmp_path / ("m.pt" + rundir.TABLE_SUFFIX)).write_bytes(raw.table_bytes(table))
+    mm.close()
+    return path
+
+
+def _states() -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return [torch.randn(64, 33, generator=g),
+            torch.randn(2, 3, 5, 7, generator=g).contiguous(memory_format=torch.channels_last),
+            torch.randn(40, 9, generator=g).t(),  # dense but transposed
+            torch.randn(17, generator=g).to(torch.bfloat16),
+            torch.empty(0, 4),
+            torch.arange(12, dtype=torch.int64).view(3, 4)]
+
+
+def _flip(path: Path, at: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_bytes_go_straight_into_live_tensors_and_strided_ones_keep_their_layout(tmp_path: Path) -> None:
+    src = _states()
+    path = _member(tmp_path, src)
+    live = [torch.zeros_like(t) for t in src]  # zeros_like keeps channels_last and the transposed stride
+    ptrs, strides = [t.data_ptr() for t in live], [t.stride() for t in live]
+    got = raw.load(path, dict(enumerate(live)))
+    for i, (g, t, s) in enumerate(zip(got, live, src)):
+        assert g is t and g.data_ptr() == ptrs[i] and g.stride() == strides[i], i
+        assert torch.equal(g, s), i
+
+
+def test_fresh_tensors_have_the_saved_stride_and_never_alias_the_file(tmp_path: Path) -> None:
+    src = _states()
+    path = _member(tmp_path, src)
+    got = raw.load(path)
+    for i, (g, s) in enumerate(zip(got, src)):
+        assert torch.equal(g, s) and g.dtype == s.dtype, i
+        if s.numel():
+            assert g.stride() == s.stride(), i
+    # A later rewrite of the slot's bytes cannot change what was loaded.
+    path.write_bytes(bytes(path.stat().st_size))
+    for i, (g, s) in enumerate(zip(got, src)):
+        assert torch.equal(g, s), i
+
+
+def test_a_bad_digest_names_the_tensor_and_says_whether_live_bytes_changed(tmp_path: Path) -> None:
+    src = _states()
+    path = _member(tmp_path, src)
+    entries = raw.read_table(tmp_path / ("m.pt" + rundir.TABLE_SUFFIX))
+    _flip(path, entries[3].offset + 1)
+    # No live target: nothing the user owns changed, a plain rejection.
+    with pytest.raises(CheckpointError, match="tensor 3 digest mismatch") as ei:
+        raw.load(path)
+    assert not isinstance(ei.value, raw.LiveStateChanged)
+    # A strided live target is staged and copied only after it verifies: still untouched.
+    cl = torch.zeros_like(src[1])
+    with pytest.raises(CheckpointError) as ei:
+        raw.load(path, {1: cl})
+    assert not isinstance(ei.value, raw.LiveStateChanged) and not cl.any()
+    # A contiguous live target is read into directly: the caller must know it changed.
+    with pytest.raises(raw.LiveStateChanged, match="tensor 3"):
+        raw.load(path, {0: torch.zeros_like(src[0])})
+
+
+def test_two_readers_split_a_big_member_and_agree(tmp_path: Path) -> None:
+    g = torch.Generator().manual_seed(1)
+    src = [torch.randn(3 << 20, generator=g) for _ in range(3)] + [torch.randn(5, generator=g)]  # ~36 MiB
+    path = _member(tmp_path, src)
+    table = raw.read_table(tmp_path / ("m.pt" + rundir.TABLE_SUFFIX))
+    assert len(raw._workers(raw._destinations(table, {}))) == min(2, os.cpu_count() or 1)
+    live = [torch.zeros_like(t) for t in src[:2]]
+    got = raw.load(path, {0: live[0], 1: live[1]})
+    assert got[0] is live[0] and got[1] is live[1]
+    assert all(torch.equal(a, b) for a, b in zip(got, src))
