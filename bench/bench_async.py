@@ -13,7 +13,8 @@ One table, measured ratio vs goal:
 - restore from a memory snapshot left by a kill -9 (a child process; every digest verified, then
   copied into the live tensors) / bare `torch.load` of the same state from a file: into live
   optimizer state, and into an optimizer without state yet (as after a restart: materialised);
-  beside them the floor any verified restore pays (map + hash + copy of the slot's bytes).
+  beside them the floor any verified restore pays (preadv every byte of the slot into warm
+  memory and xxh3 it while cached, on 2 threads, as the restore does).
 Each figure is the median of its rounds; sides alternate so machine load hits both.
 """
 
@@ -22,15 +23,14 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import mmap
 import os
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-import warnings
 from pathlib import Path
 from typing import Optional
 
@@ -174,13 +174,17 @@ def bench_restore(tmp: Path, mb: int, rounds: int) -> tuple[dict[str, float], st
     regions = sorted(slot.glob("*" + rundir.TENSORS_SUFFIX))
     sinks = [torch.empty(r.stat().st_size, dtype=torch.uint8).fill_(0) for r in regions]
 
-    def floor() -> None:  # what any verified restore from the slot must do: map, hash, copy every byte
+    def floor() -> None:
+        """What any verified restore must do: read every byte of the slot into warm memory and
+        hash it while cached, split over 2 threads (preadv and xxh3 release the GIL)."""
+        jobs = []
         for r, sink in zip(regions, sinks):
-            with open(r, "rb") as fh, mmap.mmap(fh.fileno(), 0, prot=mmap.PROT_READ) as mm:
-                xxhash.xxh3_64_hexdigest(mm)
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore", UserWarning)
-                    sink.copy_(torch.frombuffer(mm, dtype=torch.uint8))
+            n = r.stat().st_size
+            jobs += [(r, memoryview(sink.numpy()), 0, n // 2), (r, memoryview(sink.numpy()), n // 2, n)]
+        th = threading.Thread(target=_read_hash, args=(jobs[1::2],))
+        th.start()
+        _read_hash(jobs[0::2])
+        th.join()
 
     res["floor"] = []
     for _ in range(rounds):
@@ -191,6 +195,19 @@ def bench_restore(tmp: Path, mb: int, rounds: int) -> tuple[dict[str, float], st
     run._fast.slots.free()
     snapshot_store.free(RunDir(rd).root)
     return {k: statistics.median(v) for k, v in res.items()}, line
+
+
+def _read_hash(jobs: list) -> None:
+    """preadv [a, b) of each file into dst[a:b] in 4 MiB chunks, hashing each chunk while cached."""
+    for path, dst, a, b in jobs:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            for s in range(a, b, 4 << 20):
+                piece = dst[s:min(b, s + (4 << 20))]
+                os.preadv(fd, [piece], s)
+                xxhash.xxh3_64_intdigest(piece)
+        finally:
+            os.close(fd)
 
 
 DLROVER_TIMEOUT = 180.0
@@ -233,6 +250,15 @@ def bench_dlrover(tmp: Path, mb: int, rounds: int) -> tuple[Optional[dict[str, f
     return json.loads(lines[-1]), "DdpCheckpointer, standalone (its forked saver alive)"
 
 
+def _verdict(ratio: float, goal: str) -> str:
+    """' met' / ' MISSED' for a '<= x' or '>= x' goal; nothing for the reference rows."""
+    op, _, x = goal.partition(" ")
+    if op not in ("<=", ">="):
+        return ""
+    ok = ratio <= float(x) if op == "<=" else ratio >= float(x)
+    return "  met" if ok else "  MISSED"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--mb", type=int, default=256)
@@ -256,10 +282,10 @@ def main() -> None:
         ("  (fresh t.clone() / floor)", s["clone"] / s["floor"], "-"),
         ("  (torch.save+fsync / floor)", s["save"] / s["floor"], "-"),
         (f"steps/s during background write / without ({busy:.2f} vs {quiet:.2f})", busy / quiet, ">= 0.9"),
-        (f"memory restore, live state / torch.load ({r['live']:.3f} s vs {r['bare']:.3f} s)",
-         r["live"] / r["bare"], "<= 0.2"),
-        (f"memory restore, no optimizer state yet / torch.load ({r['fresh']:.3f} s)", r["fresh"] / r["bare"], "<= 0.2"),
-        (f"  (floor: map + xxh3 + copy_ of the slot's bytes / torch.load, {r['floor']:.3f} s)",
+        (f"memory restore after kill -9, no optimizer state yet (a real restart) / torch.load "
+         f"({r['fresh']:.3f} s vs {r['bare']:.3f} s)", r["fresh"] / r["bare"], "<= 0.2"),
+        (f"memory restore, into live optimizer state / torch.load ({r['live']:.3f} s)", r["live"] / r["bare"], "<= 0.2"),
+        (f"  (floor, live: preadv + xxh3 of the slot's bytes, 2 threads / torch.load, {r['floor']:.3f} s)",
          r["floor"] / r["bare"], "-"),
     ]
     if dl is not None:
@@ -271,9 +297,9 @@ def main() -> None:
             (f"DLRover load + load_state_dict / torch.load ({dl['apply']:.3f} s)", dl["apply"] / dl["bare"],
              "(unverified)"),
         ]
-    print(f"{'figure':<72} {'ratio':>7}  goal")
+    print(f"{'figure':<90} {'ratio':>7}  goal")
     for name, ratio, goal in rows:
-        print(f"{name:<72} {ratio:>7.3f}  {goal}")
+        print(f"{name:<90} {ratio:>7.3f}  {goal}{_verdict(ratio, goal)}")
     print(f"DLRover: {dl_note}" + ("" if dl is not None else "; its rows are skipped"))
 
 
