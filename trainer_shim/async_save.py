@@ -254,7 +254,8 @@ class FastSaver:
                 return False
             try:
                 # Every digest: the small members against the manifest, each tensor against its
-                # table before it is copied into the live state (no whole-region pass).
+                # table as it is read into the live state (raw_tensors: a bad one is overwritten
+                # by the fallback, or ends the attempt when none is left).
                 restoring._apply(run, info.path, verify=True)
             except CheckpointError as e:
                 restoring.reject(run, info.path, str(e))
