@@ -6,7 +6,7 @@ the state reached after each step, and after one step more (not snapshotted), to
 seed (optionally with optimizer state from one step of its own), init() on the same run dir, and
 print one JSON line: the step it resumed at, whether the state equals --expect bit for bit,
 whether it landed in the tensors that existed before init() (in place), and whether the model is
-still exactly its own initial weights; then whether one more training step (huge-page optimizer
+still exactly its own initial weights; then whether one more training step (optimizer
 state, restored RNG) lands exactly where the killed run's next step did.
 """
 

@@ -53,7 +53,7 @@ def test_a_restart_copies_the_snapshot_into_the_live_tensors_bit_exact(tmp_path:
 
 def test_optimizer_state_that_does_not_exist_yet_is_materialised_and_trains_on_bit_exact(tmp_path: Path) -> None:
     run_dir, expect = _snapped(tmp_path)
-    cold = _restored(run_dir, expect)  # its optimizer state lands on fresh huge-page-advised memory
+    cold = _restored(run_dir, expect)  # its optimizer state lands on one fresh anonymous region
     assert cold["step"] == 3 and cold["equal"] and cold["next_equal"], cold
     assert cold["in_place"] == sorted(k for k in torch.load(expect, weights_only=True)[3] if k.startswith("model."))
 
