@@ -325,10 +325,12 @@ class FastSaver:
             mine: dict[str, tuple[int, str]] = {}
             try:
                 for rel, ent in sorted(info.manifest.files.items()):
-                    size = snapshot_store.copy_member(info.path / rel, tmp / rel, run._on_progress)
+                    size = snapshot_store.copy_member(rundir.safe_member(info.path, rel), tmp / rel, run._on_progress)
                     mine[rel] = (size, ent.xxh3_128)
             except OSError as e:
                 return mine, f"rank {run.rank}: cannot write {tmp}: {ckpt.describe_os_error(e)}", set()
+            except InvalidCheckpoint as e:  # still a report: the other ranks' writers wait for it
+                return mine, f"rank {run.rank}: {e}", set()
             return mine, None, set()
 
         outcome = saving.save_snapshot(run, job.snap, self.wgroup, copy)
