@@ -88,7 +88,7 @@ def _start_fresh(run: Run, why: str) -> None:
     raw_tensors): then this attempt cannot start from the user's own initial state; it ends, and
     the next one (the bad slot's manifest gone) starts fresh for real."""
     # Every rank ends (a peer left starting fresh would wait for the ended one's collectives).
-    if any(run._group.all_gather(getattr(run, "_live_state_changed", False), "live state check")):
+    if any(run._group.all_gather(run._live_state_changed, "live state check")):
         _say("error: a rejected checkpoint had already overwritten part of the live state and no valid "
              "checkpoint is left to replace it; ending this attempt so the next one starts fresh")
         run._group.destroy()

@@ -111,6 +111,7 @@ class Run:
         self._epoch_rng: Optional[dict] = None  # RNG right before this epoch's iterator was built
         self._resume_stream: Optional[dict] = None  # mid-epoch resume data, used by batches()
         self._dirty = False               # an optimizer.step() ran since the last run.step()
+        self._live_state_changed = False  # a rejected checkpoint wrote into live tensors (restoring)
         self._hb_last = -math.inf
         self._last_save_t = time.monotonic()
         self._last_size = 0               # bytes of the last checkpoint (free-space check)
