@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import sys
@@ -141,7 +142,10 @@ def test_node_restarting_before_its_peer_rejoins_the_closed_rendezvous_without_s
     kinds1 = [e["kind"] for e in ended[1]]
     assert kinds1[0] == "signal" and kinds1[-1] == "success" and len(kinds1) >= 3, ended[1]
     assert set(kinds1[1:-1]) == {"rendezvous"}, ended[1]
-    assert all("RendezvousClosedError" in e["evidence"] for e in ended[1][1:-1]), ended[1]
+    # The first retry meets node 0's closed rendezvous; a later one may land in the moment node 0's torchrun
+    # (the store's host) is being replaced, and find no store at all: the same free retry.
+    assert "RendezvousClosedError" in ended[1][1]["evidence"], ended[1]
+    assert all(re.search(r"Rendezvous(Closed|Connection)Error", e["evidence"]) for e in ended[1][1:-1]), ended[1]
     states = {n: json.loads((rd / "nodes" / f"node-{n}" / "supervisor.json").read_text()) for n in (0, 1)}
     assert states[1]["restarts"] == 1 and states[0]["restarts"] == 1, states
     assert not events(rd, "checkpoint_rejected", node=1)
