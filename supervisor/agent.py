@@ -39,7 +39,7 @@ from .wakeup import Wakeup
 
 __all__ = ["State", "AttemptResult", "Supervisor", "say"]
 
-STACK_DUMP_WAIT = 2.0              # SIGUSR1 to SIGTERM on a hang: time for faulthandler to write
+STACK_DUMP_WAIT = 2.0              # SIGUSR1 to SIGTERM on a hang: at most this for the stack dumps
 TREE_SCAN_EVERY = 5.0              # how often descendants are recorded (OOM evidence, orphan kill)
 PEER_CRASH_WAIT = 5.0              # ranks alive this long after another crashed are ended (torchrun: 30 s)
 METRICS_EVERY = 10.0
@@ -225,7 +225,7 @@ class Supervisor:
         a.killed_for, a.stale_detail = kind, detail
         say(f"attempt {a.number}: {kind.replace('_', ' ')}: {detail}")
         if kind == Kind.HANG.value:  # stack dumps first (the shim's SIGUSR1 handler) from every rank that is ours
-            a.dump_stacks(a.rank_pids(), STACK_DUMP_WAIT, self._tick)
+            a.dump_stacks(self.rd, a.rank_pids(), STACK_DUMP_WAIT, self._tick)
         a.kill(self.config.grace_period, self._tick)
 
     # --- starting an attempt -------------------------------------------------------------------

@@ -68,19 +68,26 @@ class Attempt:
             self.seen.setdefault(p.pid, p)
         procs.kill_tree(self.child.pid, grace=grace, known=list(self.seen.values()), tick=tick, reap=self.child.poll)
 
-    def wait_exit(self, seconds: float, tick: Callable[[], None]) -> None:
-        """Up to `seconds` for the main process to exit by itself (e.g. after its stack dump)."""
-        deadline = time.monotonic() + seconds
+    def dump_stacks(self, rd: RunDir, pids: set[int], wait: float, tick: Callable[[], None]) -> None:
+        """SIGUSR1 (the shim writes every thread's stack into rd.stacks_file(pid)) to `pids`, then up
+        to `wait` seconds, until every dump has landed or the launcher exits. faulthandler writes a
+        whole dump from its signal handler and the shim's relay copies it at once: a file that grew
+        and then kept its size over two polls is complete. A rank whose relay cannot run (its main
+        thread holds the GIL in C) takes the whole `wait`, as every dump did before."""
+        def sizes() -> dict[int, int]:
+            return {pid: _file_size(rd.stacks_file(pid)) for pid in pids}
+
+        before = sizes()
+        for pid in pids:
+            procs.signal_pid(pid, signal.SIGUSR1)
+        deadline = time.monotonic() + wait
+        seen: list[dict[int, int]] = []
         while time.monotonic() < deadline and self.child.poll() is None:
             tick()
             time.sleep(0.05)
-
-    def dump_stacks(self, pids: set[int], wait: float, tick: Callable[[], None]) -> None:
-        """SIGUSR1 (the shim writes every thread's stack) to `pids`, then up to `wait` seconds for
-        the dumps, unless the launcher exits first."""
-        for pid in pids:
-            procs.signal_pid(pid, signal.SIGUSR1)
-        self.wait_exit(wait, tick)
+            seen = [*seen[-1:], sizes()]
+            if len(seen) == 2 and seen[0] == seen[1] and all(seen[1][p] > before[p] for p in pids):
+                return
 
     def scan_tree(self) -> None:
         """Record every process of the tree (evidence and the orphan kill need them after exit) and the peak RSS."""
@@ -132,7 +139,7 @@ class Attempt:
         if not left:
             return []
         self.peers_ended = True  # once: what outlives even the SIGKILL is the launcher's to report
-        self.dump_stacks(set(left.values()), dump_wait, tick)
+        self.dump_stacks(rd, set(left.values()), dump_wait, tick)
         for pid in left.values():
             procs.signal_pid(pid, signal.SIGKILL)
         return sorted(left.items())
@@ -332,3 +339,10 @@ def tail_lines(path: Path, lines: int = 20, max_bytes: int = 16384) -> list[str]
     except OSError:
         return []
     return [ln[:500] for ln in data.decode("utf-8", "replace").splitlines()[-lines:]]
+
+
+def _file_size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
