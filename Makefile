@@ -21,10 +21,11 @@ system-deps:
 test: install system-deps
 	$(PY) -m pytest -q -ra --durations=15 tests
 
-# Long, many-seed variants of the failure campaign (chaos soak, repeated seeds).
+# Long, many-seed variants of the failure campaign (chaos soak, repeated seeds) and every save mode
+# of the resume and DDP tests: each file below has tests that skip without RRTEST_LONG_FAULTS=1.
 test-faults: install
-	RRTEST_LONG_FAULTS=1 $(PY) -m pytest -q -ra tests/faults \
-		tests/distributed/test_ddp.py::test_a_full_primary_root_sends_every_ranks_save_to_the_fallback_dir
+	RRTEST_LONG_FAULTS=1 $(PY) -m pytest -q -ra --durations=15 tests/faults tests/shim/test_resume_exact.py \
+		tests/distributed/test_ddp.py
 
 demo: install
 	$(PY) examples/demo.py
