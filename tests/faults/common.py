@@ -194,10 +194,19 @@ class Killer(threading.Thread):
             self.error = e
 
 
+def killer_config(run_dir: Path, kills: int) -> tuple[str, str]:
+    """`--config` that lets `kills` attempts in a row die without progress. Three kills that all
+    land before the first checkpoint are a crash loop by the policy (a fresh start that never
+    commits gives up; chaos sync-3 drew 10, 10, 7 with saves every 10): the campaign is about resuming."""
+    cfg = run_dir.parent / f"{run_dir.name}-killer.yaml"
+    cfg.write_text(f"crash_loop_attempts: {kills + 1}\n")
+    return "--config", str(cfg)
+
+
 def run_under_killer(run_dir: Path, seed: int, kills: int, *argv: str, env: dict,
                      timeout: float = 240) -> tuple[int, str, "Killer"]:
     """Run the CLI with `argv` while a Killer SIGKILLs its trainer `kills` times; (rc, stderr, killer)."""
-    p = start_cli("--run-dir", str(run_dir), *argv, env=env)
+    p = start_cli("--run-dir", str(run_dir), *killer_config(run_dir, kills), *argv, env=env)
     killer = Killer(run_dir, seed, kills, p)
     killer.start()
     try:

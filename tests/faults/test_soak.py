@@ -15,7 +15,7 @@ import time
 
 from tests.supervisor.helpers import ended_kinds, heartbeat, kill_group, start_cli, sup_env, wait_until
 
-from .common import TOY, Killer, assert_bit_exact, assert_no_survivors, checkpoint_steps, current_trainer, long_only, reference
+from .common import TOY, Killer, assert_bit_exact, killer_config, assert_no_survivors, checkpoint_steps, current_trainer, long_only, reference
 
 JOB = ("--hidden", "256", "--samples", "400", "--batch-size", "4", "--epochs", "3", "--save-every", "10",
        "--step-sleep", "0.01", "--keep-last", "3")
@@ -51,9 +51,10 @@ def test_chaos_soak(tmp_path):
         counter = threading.Thread(target=count_checkpoints, daemon=True)
         counter.start()
         stop_it = rng.random() < 0.4
-        args = ("--run-dir", str(run_dir), *SUP, TOY, *JOB, "--out", str(out))
+        n_kills = rng.randint(3, 6)
+        args = ("--run-dir", str(run_dir), *killer_config(run_dir, n_kills), *SUP, TOY, *JOB, "--out", str(out))
         p = start_cli(*args, env=env)
-        killer = Killer(run_dir, rng.randrange(1 << 30), rng.randint(3, 6), p)
+        killer = Killer(run_dir, rng.randrange(1 << 30), n_kills, p)
         killer.start()
         try:
             if stop_it:
