@@ -32,7 +32,9 @@ def test_sigkill_anywhere_resumes_bit_exact(run_dir: Path, refs, num_workers: st
     assert f"finished step {12 * int(epochs)}" in procs[-1].stdout
     for killed_at, p in zip(kills, procs[1:]):
         if "memory" in save_mode:  # a snapshot every step: the kill right after run.step() loses nothing
-            assert shim_lines(p, f"resumed from memory step {killed_at}"), p.stderr
+            # (a disk save of the same step with other bytes, e.g. the data position, is preferred to the slot)
+            assert (shim_lines(p, f"resumed from memory step {killed_at}")
+                    or shim_lines(p, f"(step {killed_at}, ")), p.stderr
         elif save_mode == "sync":
             # exactly one line says where it resumed from (or that it starts fresh: no save before step 5)
             assert len(shim_lines(p, "resumed from" if killed_at >= 5 else "starting fresh")) == 1, p.stderr
