@@ -81,13 +81,14 @@ class Attempt:
         for pid in pids:
             procs.signal_pid(pid, signal.SIGUSR1)
         deadline = time.monotonic() + wait
-        seen: list[dict[int, int]] = []
+        last = before
         while time.monotonic() < deadline and self.child.poll() is None:
             tick()
             time.sleep(0.05)
-            seen = [*seen[-1:], sizes()]
-            if len(seen) == 2 and seen[0] == seen[1] and all(seen[1][p] > before[p] for p in pids):
+            now = sizes()
+            if now == last and all(now[p] > before[p] for p in pids):
                 return
+            last = now
 
     def scan_tree(self) -> None:
         """Record every process of the tree (evidence and the orphan kill need them after exit) and the peak RSS."""
