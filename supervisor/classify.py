@@ -3,30 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
-import enum
 import signal
 from typing import Optional
 
-from trainer_shim.rundir import DIVERGED_ERROR_TYPE, EXIT_DIVERGED, EXIT_PREEMPTED, KIND_DIVERGED, ErrorRecord
+from trainer_shim.rundir import DIVERGED_ERROR_TYPE, EXIT_DIVERGED, EXIT_PREEMPTED, ErrorRecord, Kind
 
 from .launch import ProcessFailure
 
+# Kind is defined by the contract (the shim and the user's script read it too); re-exported here.
 __all__ = ["Kind", "AttemptFacts", "classify", "is_cuda_oom"]
-
-
-class Kind(str, enum.Enum):
-    """How an attempt ended; every `attempt_ended` event carries exactly one."""
-
-    SUCCESS = "success"
-    PREEMPTED = "preempted"
-    OOM = "oom"                      # kernel OOM killer, with cgroup or kernel-log evidence
-    CUDA_OOM = "cuda_oom"            # torch.OutOfMemoryError in the error file
-    HANG = "hang"                    # heartbeat went stale; we killed it
-    STARTUP_TIMEOUT = "startup_timeout"
-    CRASH = "crash"                  # non-zero exit, Python exception
-    SIGNAL = "signal"                # killed by a signal, no OOM evidence
-    RENDEZVOUS = "rendezvous"        # torchrun never joined its peers; no rank ran
-    DIVERGED = KIND_DIVERGED         # the shim saw a non-finite loss and exited EXIT_DIVERGED unsaved
 
 
 @dataclasses.dataclass(frozen=True)

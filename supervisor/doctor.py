@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 from typing import Optional, Union
 
-from trainer_shim.rundir import (ENV_DOCTOR, ENV_DOCTOR_FAULTS, ENV_DOCTOR_STEPS, ENV_RUN_DIR, FAULT_KILL, FAULT_RAISE,
-                                 MARK_BATCH, MARK_STEP)
+from trainer_shim.rundir import (ENV_DOCTOR, ENV_DOCTOR_FAULTS, ENV_DOCTOR_STEPS, ENV_RUN_DIR, EXIT_DOCTOR_FAILED,
+                                 EXIT_EXACT, EXIT_NOT_EXACT, FAULT_KILL, FAULT_RAISE, MARK_BATCH, MARK_STEP)
 
 __all__ = ["DoctorResult", "Divergence", "run_doctor", "compare", "read_log", "DEFAULT_STEPS", "DEFAULT_KILL_AT",
            "EXIT_EXACT", "EXIT_NOT_EXACT", "EXIT_DOCTOR_FAILED"]
@@ -28,7 +28,6 @@ __all__ = ["DoctorResult", "Divergence", "run_doctor", "compare", "read_log", "D
 DEFAULT_STEPS = 60
 _GPU_NODES = ("/dev/nvidiactl", "/dev/kfd")
 DEFAULT_KILL_AT = (17, 41)
-EXIT_EXACT, EXIT_NOT_EXACT, EXIT_DOCTOR_FAILED = 0, 1, 3
 
 # Blame order at the first divergent step: causes before their consequences.
 _BLAME = ("uncaptured.", "rng.", "batch", "data", "run.state", "extra.", "scheduler", "scaler", "optimizer",

@@ -24,10 +24,14 @@ import traceback
 from typing import Any
 
 from . import rundir
-from .rundir import DIVERGED_ERROR_TYPE, EXIT_DIVERGED, ON_NONFINITE_CHOICES, Event
+from .rundir import DIVERGED_ERROR_TYPE, EXIT_DIVERGED, Event
 from .errors import ConfigError
 
-__all__ = ["DIVERGED_ERROR_TYPE", "check_mode", "is_nonfinite", "nonfinite", "stop_diverged", "note_skip"]
+__all__ = ["DIVERGED_ERROR_TYPE", "ON_NONFINITE_CHOICES", "check_mode", "is_nonfinite", "nonfinite", "stop_diverged",
+           "note_skip"]
+
+# init(on_nonfinite=...): end the attempt unsaved, carry on, or leave the step uncounted.
+ON_NONFINITE_CHOICES = ("raise", "ignore", "skip")
 
 
 

@@ -26,12 +26,13 @@ import torch
 from . import checkpoint as ckpt
 from . import raw_tensors as raw
 from . import rundir, snapshot_store
+from .errors import ShimError
 from .rundir import FileEntry, Manifest
 
 SPLIT = (ckpt.MODEL_FILE, ckpt.OPTIMIZER_FILE)
 
 
-class SlotError(Exception):
+class SlotError(ShimError):
     """A slot cannot be created or is not ours (owner/mode); memory snapshots are off."""
 
     def __init__(self, path: Path, reason: str) -> None:

@@ -21,8 +21,8 @@ import torch
 import xxhash
 
 from . import data, rundir
-from .rundir import (ENV_DOCTOR, ENV_DOCTOR_FAULTS, ENV_DOCTOR_STEPS, EVENT_FIRST_STEP, FAULT_KILL, MARK_BATCH,
-                     MARK_STEP, parse_faults)
+from .errors import ShimError
+from .rundir import EXIT_OK, FAULT_KILL, MARK_BATCH, MARK_STEP, Event, RunEnv
 
 try:
     import numpy as np
@@ -36,8 +36,8 @@ __all__ = ["Probe", "digest", "DoctorFault", "DoctorLog", "state_digests"]
 STATE_COMPONENTS = ("model.params", "model.buffers", "optimizer", "scheduler", "scaler", "run.state")
 
 
-class DoctorFault(RuntimeError):
-    """The Python exception the doctor injects (kind `raise`)."""
+class DoctorFault(ShimError, RuntimeError):
+    """The Python exception the doctor injects (kind `raise`); a RuntimeError, like a typical user crash."""
 
 
 def _say(msg: str) -> None:
@@ -144,12 +144,13 @@ class DoctorLog:
         self.stop_at = stop_at
 
     @classmethod
-    def from_env(cls) -> Optional["DoctorLog"]:
-        log = os.environ.get(ENV_DOCTOR) or None
-        if log is None:
+    def from_env(cls, env: Optional[RunEnv] = None) -> Optional["DoctorLog"]:
+        """Doctor mode as `resilient-run doctor` set it (None outside doctor mode); `env` defaults to
+        this process's environment. A bad value is rundir.EnvError (one line, names the variable)."""
+        env = env if env is not None else RunEnv.from_environ(os.environ)
+        if env.doctor_log is None:
             return None
-        stop = os.environ.get(ENV_DOCTOR_STEPS, "")
-        return cls(log, parse_faults(os.environ.get(ENV_DOCTOR_FAULTS, "")), int(stop) if stop.isdigit() else None)
+        return cls(env.doctor_log, dict(env.doctor_faults), env.doctor_steps)
 
     def write(self, rec: dict, *, attempt: Optional[int], rank: int) -> None:
         rec.update(attempt=attempt, rank=rank, pid=os.getpid(), time=time.time())
@@ -200,7 +201,7 @@ class Probe:
 
     @classmethod
     def for_run(cls, run: Any) -> "Probe":
-        return cls(run, DoctorLog.from_env())
+        return cls(run, DoctorLog.from_env(run.env))
 
     def _version_sum(self) -> int:
         m = self.run.model
@@ -215,7 +216,7 @@ class Probe:
         if self._first:
             self._first = False
             if run.rank == 0:
-                rundir.append_event(run.rd, EVENT_FIRST_STEP, run.attempt, step=run.global_step,
+                rundir.append_event(run.rd, Event.FIRST_STEP, run.attempt, step=run.global_step,
                                     restored_time=self.restored_time, pid=os.getpid())
         self._ref_step = run.global_step
         self._ref_version = self._version_sum()
@@ -226,7 +227,7 @@ class Probe:
         if self.doctor.step({"step": run.global_step, "loss": run.loss, "epoch": run.epoch,
                              "batch": self._batch_digest, "digests": comps}, attempt=run.attempt, rank=run.rank):
             run.finish()
-            sys.exit(0)
+            sys.exit(EXIT_OK)
 
     def on_batch(self, batch: Any) -> None:
         if self._ref_step is not None and not self._warned and self.log is None:

@@ -18,7 +18,7 @@ from . import provenance, rng, rundir
 from .errors import CheckpointError, WorldSizeMismatch
 from .loading import sharded_module
 from .raw_tensors import LiveStateChanged
-from .rundir import Event
+from .rundir import EXIT_CRASH, EXIT_REFUSED, Event
 
 if TYPE_CHECKING:  # pragma: no cover
     from .run import Run
@@ -92,7 +92,7 @@ def _start_fresh(run: Run, why: str) -> None:
         _say("error: a rejected checkpoint had already overwritten part of the live state and no valid "
              "checkpoint is left to replace it; ending this attempt so the next one starts fresh")
         run._group.destroy()
-        raise SystemExit(1)  # a crash to the supervisor: restarted under the usual policy
+        raise SystemExit(EXIT_CRASH)  # restarted under the usual policy
     if run.rank == 0:
         _say(f"starting fresh in {run.rd.root}{why}")
 
@@ -102,7 +102,7 @@ def _world_size_refused(run: Run, path: Path, e: Exception) -> None:
     if run.rank == 0:
         run._event(Event.CHECKPOINT_REJECTED, path=str(path), reason=str(e))
     run._group.destroy()
-    raise SystemExit(2)  # a configuration problem: retrying cannot help
+    raise SystemExit(EXIT_REFUSED)  # a configuration problem: retrying cannot help
 
 
 def _verify_share(run: Run, path: Path) -> Optional[str]:

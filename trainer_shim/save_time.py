@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator
 from typing import Any, Callable, Optional
 
-from .rundir import EVENT_CHECKPOINT_SAVED, CheckpointKind
+from .rundir import CheckpointKind, Event
 
 __all__ = ["SaveTimer"]
 
@@ -51,5 +51,5 @@ class SaveTimer:
             event: bool = True) -> None:
         self.total += seconds
         if event and self.rank == 0:
-            self.emit(EVENT_CHECKPOINT_SAVED, step=step, kind=kind.value, seconds=round(seconds, 4),
+            self.emit(Event.CHECKPOINT_SAVED, step=step, kind=kind.value, seconds=round(seconds, 4),
                       saving_seconds=round(self.total, 4), checkpoint_step=checkpoint_step)

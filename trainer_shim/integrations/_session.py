@@ -24,6 +24,14 @@ from ..heartbeat import Heartbeat
 from ..rundir import CheckpointKind, ErrorRecord, Event, FileEntry, Manifest, Phase, RunEnv, StepMark
 
 
+def product_env() -> RunEnv:
+    """This process's RESILIENT_* environment; a bad value is a one-line ConfigError."""
+    try:
+        return RunEnv.from_environ(os.environ)
+    except rundir.EnvError as e:
+        raise ConfigError(str(e)) from e
+
+
 def say(msg: str) -> None:
     print(f"trainer_shim: {msg}", file=sys.stderr, flush=True)
 
@@ -90,10 +98,7 @@ class Session:
     """One training process's side of the run dir (rank 0 of a single-process job)."""
 
     def __init__(self, run_dir: Path, *, heartbeat_interval: float = 1.0, keep_last: int = 3) -> None:
-        try:
-            self.env = RunEnv.from_environ(os.environ)
-        except rundir.EnvError as e:
-            raise ConfigError(str(e)) from e
+        self.env = product_env()
         self.rd = rundir.ensure_run_dir(run_dir)
         self.attempt = self.env.attempt
         self.keep_last = keep_last

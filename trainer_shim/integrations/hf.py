@@ -23,11 +23,10 @@ from typing import Any, Optional
 
 from transformers import TrainerCallback
 
-from .. import rundir
 from ..rundir import CheckpointKind, Event, Phase, hf_checkpoint_name, read_extra_roots, record_extra_root
 from ..save_time import SaveTimer
 from ._doctor import FrameworkDoctor
-from ._session import Session, hash_tree, make_manifest, say, write_manifest
+from ._session import Session, hash_tree, make_manifest, product_env, say, write_manifest
 
 __all__ = ["ResilientCallback"]
 
@@ -65,7 +64,7 @@ class ResilientCallback(TrainerCallback):
     def _start(self, output_dir: os.PathLike | str) -> Session:
         if self.session is None:
             self.output_dir = Path(os.path.abspath(output_dir))
-            root = os.environ.get(rundir.ENV_RUN_DIR) or self.run_dir or self.output_dir
+            root = product_env().run_dir or self.run_dir or self.output_dir
             self.session = Session(Path(root), heartbeat_interval=self.heartbeat_interval)
             self._doctor = FrameworkDoctor.from_env(self.session.attempt)
             self._saves = SaveTimer(self.session.event)

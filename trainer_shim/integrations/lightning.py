@@ -25,7 +25,7 @@ from ..rundir import LIGHTNING_CKPT, CheckpointKind, Event, Phase
 from ._resumable import ResumableLoader
 from ..save_time import SaveTimer
 from ._doctor import FrameworkDoctor
-from ._session import Session, hash_tree, make_manifest, say, write_manifest
+from ._session import Session, hash_tree, make_manifest, product_env, say, write_manifest
 
 _BASES: list[type] = []
 try:
@@ -70,7 +70,7 @@ class _Resilient:
 
     def _start(self, default_root: os.PathLike | str) -> Session:
         if self.session is None:
-            root = os.environ.get(rundir.ENV_RUN_DIR) or self.run_dir or default_root
+            root = product_env().run_dir or self.run_dir or default_root
             self.session = Session(Path(root), heartbeat_interval=self.heartbeat_interval, keep_last=self.keep_last)
             self._doctor = FrameworkDoctor.from_env(self.session.attempt)
             self._saves = SaveTimer(self.session.event)
