@@ -93,7 +93,7 @@ def _campaign(spec: dict, tmp_path: Path) -> list[str]:
 
     v = run_cli("checkpoints", str(run), "--verify", "--json", env=env)
     assert v.returncode == 0, v.stdout + v.stderr
-    # Time spent saving (issue 15's report): each committed save priced, the attempt's total running.
+    # Time spent saving (as `report` prices it): each committed save priced, the attempt's total running.
     saved = events(run, Event.CHECKPOINT_SAVED)
     assert saved and all(0 < e["seconds"] <= e["saving_seconds"] for e in saved), saved
     return rejected

@@ -1,4 +1,4 @@
-"""Issue 16, auto save interval: Young/Daly on a simulated Poisson failure trace vs a sweep of fixed intervals."""
+"""Auto save interval: Young/Daly on a simulated Poisson failure trace vs a sweep of fixed intervals."""
 
 from __future__ import annotations
 

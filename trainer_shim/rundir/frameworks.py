@@ -1,4 +1,4 @@
-"""Framework layouts (issue 13): where HF Trainer and Lightning checkpoints live, and how both sides find them.
+"""Framework layouts: where HF Trainer and Lightning checkpoints live, and how both sides find them.
 
 Framework checkpoints live where the framework puts them:
 * HF Trainer: ``<output_dir>/checkpoint-<N>/`` (N = global step, no padding). The callback adds

@@ -27,7 +27,7 @@ class Phase(str, enum.Enum):
     STARTING = "starting"
     TRAINING = "training"
     SAVING = "saving"
-    EVALUATING = "evaluating"  # a framework's evaluation (issue 13); judged with the heartbeat timeout
+    EVALUATING = "evaluating"  # a framework's evaluation; judged with the heartbeat timeout
     STOPPING = "stopping"
     FINISHED = "finished"
 
