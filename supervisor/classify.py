@@ -6,7 +6,7 @@ import dataclasses
 import signal
 from typing import Optional
 
-from trainer_shim.rundir import DIVERGED_ERROR_TYPE, EXIT_DIVERGED, EXIT_PREEMPTED, ErrorRecord, Kind
+from trainer_shim.rundir import DIVERGED_ERROR_TYPE, EXIT_DIVERGED, EXIT_OK, EXIT_PREEMPTED, ErrorRecord, Kind
 
 from .launch import ProcessFailure
 
@@ -63,8 +63,8 @@ def classify(f: AttemptFacts) -> tuple[Kind, str]:
         return Kind.HANG, f.stale_detail or "heartbeat stale"
     if f.killed_for == "startup_timeout":
         return Kind.STARTUP_TIMEOUT, f.stale_detail or "no heartbeat after start"
-    if f.returncode == 0:
-        return Kind.SUCCESS, "exit code 0"
+    if f.returncode == EXIT_OK:
+        return Kind.SUCCESS, f"exit code {EXIT_OK}"
     if f.returncode == EXIT_PREEMPTED:
         return Kind.PREEMPTED, f"exit code {EXIT_PREEMPTED} after a preempt checkpoint"
     if f.ranks_stopped and f.returncode is not None and f.returncode > 0:

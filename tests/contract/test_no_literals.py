@@ -92,6 +92,19 @@ def test_no_contract_literal_outside_the_contract(path: Path) -> None:
     assert findings(path) == []
 
 
+# "issue" or "ticket" and a number (any case, space, dash or #): one of the project's own tickets,
+# which says nothing to a reader without the tracker. Upstream references such as
+# pytorch#144657 name where a workaround comes from and stay.
+TICKET = re.compile(r"\b(issue|ticket)s?[ _-]?#?\d+", re.I)
+
+
+def test_no_ticket_numbers_in_code_docstrings_or_test_names() -> None:
+    files = [*product_sources(), *(REPO / "trainer_shim" / "rundir").glob("*.py"), *(REPO / "tests").rglob("*.py")]
+    hits = [f"{p.relative_to(REPO)}:{n}: {line.strip()}" for p in files
+            for n, line in enumerate(p.read_text().splitlines(), 1) if TICKET.search(line)]
+    assert hits == []
+
+
 def test_the_scan_finds_what_it_looks_for(tmp_path: Path) -> None:
     # The rule itself, on a file that breaks each part of it once (a scan that finds nothing proves nothing).
     bad = tmp_path / "bad.py"
