@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trainer_shim.integrations._session import hash_tree, make_manifest, rotate, write_manifest
-from trainer_shim.rundir import CheckpointKind
+from trainer_shim.integrations._session import rotate
+from trainer_shim.rundir import CheckpointKind, Manifest, commit
 
 
 def _checkpoint(root: Path, step: int, manifest: bool = True) -> Path:
@@ -13,8 +13,9 @@ def _checkpoint(root: Path, step: int, manifest: bool = True) -> Path:
     d.mkdir(parents=True)
     (d / "model.safetensors").write_bytes(bytes([step % 256]) * 100)
     if manifest:
-        write_manifest(d, make_manifest(hash_tree(d), step=step, epoch=0, batch_in_epoch=0,
-                                        kind=CheckpointKind.STEP, loss=None))
+        manifest = Manifest.create(commit.hash_tree(d), step=step, epoch=0, batch_in_epoch=0,
+                                   kind=CheckpointKind.STEP, loss=None)
+        commit.commit_in_place(d, manifest.to_bytes())
     return d
 
 

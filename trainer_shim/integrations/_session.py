@@ -8,7 +8,6 @@ rotation and the choice of the checkpoint to resume from. All of it is the shim'
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
@@ -21,49 +20,11 @@ from typing import Any, Iterable, Optional
 from .. import rotation, rundir, signals
 from ..errors import ConfigError
 from ..heartbeat import Heartbeat
-from ..rundir import CheckpointKind, ErrorRecord, Event, FileEntry, Manifest, Phase, RunEnv, StepMark
+from ..rundir import ErrorRecord, Event, Manifest, Phase, RunEnv, StepMark
 
 
 def say(msg: str) -> None:
     print(f"trainer_shim: {msg}", file=sys.stderr, flush=True)
-
-
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def hash_tree(directory: Path) -> dict[str, FileEntry]:
-    """Size and xxh3-128 of every file under `directory` (the manifest excluded), each fsynced."""
-    files: dict[str, FileEntry] = {}
-    for dirpath, dirnames, filenames in os.walk(directory):
-        dirnames.sort()
-        for name in sorted(filenames):
-            full = Path(dirpath) / name
-            rel = full.relative_to(directory).as_posix()
-            if rel == rundir.MANIFEST_NAME or full.is_symlink():
-                continue
-            _fsync_file(full)
-            files[rel] = FileEntry(full.stat().st_size, rundir.digest_file(full))
-        rundir.fsync_dir(Path(dirpath))
-    return files
-
-
-def make_manifest(files: dict[str, FileEntry], *, step: int, epoch: int, batch_in_epoch: int,
-                  kind: CheckpointKind, loss: Optional[float]) -> Manifest:
-    torch = sys.modules.get("torch")
-    return Manifest(global_step=step, epoch=epoch, batch_in_epoch=batch_in_epoch, kind=kind, loss=loss,
-                    created_at=rundir.now_iso(), files=files,
-                    torch_version=getattr(torch, "__version__", None), python_version=sys.version.split()[0])
-
-
-def write_manifest(directory: Path, manifest: Manifest) -> None:
-    """MANIFEST.json into an already-named dir: temp file, fsync, rename, fsync the dir."""
-    rundir.atomic_write_bytes(directory / rundir.MANIFEST_NAME,
-                              (json.dumps(manifest.to_json(), indent=1, sort_keys=True) + "\n").encode())
 
 
 def rotate(roots: Iterable[Path], *, keep_last: int, protected: Iterable[Path] = ()) -> list[str]:

@@ -24,10 +24,10 @@ from typing import Any, Optional
 from transformers import TrainerCallback
 
 from .. import rundir
-from ..rundir import CheckpointKind, Event, Phase, hf_checkpoint_name, read_extra_roots, record_extra_root
+from ..rundir import CheckpointKind, Event, Manifest, Phase, hf_checkpoint_name, read_extra_roots, record_extra_root
 from ..save_time import SaveTimer
 from ._doctor import FrameworkDoctor
-from ._session import Session, hash_tree, make_manifest, say, write_manifest
+from ._session import Session, say
 
 __all__ = ["ResilientCallback"]
 
@@ -172,9 +172,10 @@ class ResilientCallback(TrainerCallback):
             return
         kind = CheckpointKind.PREEMPT if self._stopping else CheckpointKind.STEP
         try:
-            manifest = make_manifest(hash_tree(path), step=state.global_step, epoch=int(state.epoch or 0),
-                                     batch_in_epoch=0, kind=kind, loss=self._loss)
-            write_manifest(path, manifest)
+            # The Trainer named the dir already: committed in place (its manifest by temp file and rename).
+            manifest = Manifest.create(rundir.commit.hash_tree(path), step=state.global_step,
+                                       epoch=int(state.epoch or 0), batch_in_epoch=0, kind=kind, loss=self._loss)
+            rundir.commit.commit_in_place(path, manifest.to_bytes())
         except OSError as e:
             s.event(Event.CHECKPOINT_FAILED, path=str(path), error=f"{e.strerror or e}")
             say(f"warning: cannot commit {path}: {e}; training continues")

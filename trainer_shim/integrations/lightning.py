@@ -21,11 +21,11 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .. import rundir
-from ..rundir import LIGHTNING_CKPT, CheckpointKind, Event, Phase
+from ..rundir import LIGHTNING_CKPT, CheckpointKind, Event, Manifest, Phase
 from ._resumable import ResumableLoader
 from ..save_time import SaveTimer
 from ._doctor import FrameworkDoctor
-from ._session import Session, hash_tree, make_manifest, say, write_manifest
+from ._session import Session, say
 
 _BASES: list[type] = []
 try:
@@ -165,22 +165,18 @@ class _Resilient:
         if final.exists():
             self._saved_step = step
             return final
-        tmp = s.rd.checkpoints / f"{rundir.TMP_PREFIX}{final.name}"
+        tmp = rundir.commit.tmp_dir(s.rd.checkpoints, final.name)
         t0 = time.monotonic()
         s.hb.begin_save()
         try:
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(mode=0o700)
+            rundir.commit.fresh_tmp_dir(s.rd.checkpoints, final.name)
             trainer.save_checkpoint(tmp / LIGHTNING_CKPT, weights_only=False)  # full state: optimizer, loops, loader
             if not trainer.is_global_zero:
                 return None
-            loss = s.hb.fields.get("loss")
             batch = self._loader.batches if self._loader is not None else 0
-            manifest = make_manifest(hash_tree(tmp), step=step, epoch=trainer.current_epoch, batch_in_epoch=batch,
-                                     kind=kind, loss=loss)
-            write_manifest(tmp, manifest)
-            os.rename(tmp, final)
-            rundir.fsync_dir(final.parent)
+            manifest = Manifest.create(rundir.commit.hash_tree(tmp), step=step, epoch=trainer.current_epoch,
+                                       batch_in_epoch=batch, kind=kind, loss=s.hb.fields.get("loss"))
+            rundir.commit.commit_dir(tmp, final, manifest.to_bytes(), repoint=False)  # `latest`: s.committed
         except OSError as e:
             shutil.rmtree(tmp, ignore_errors=True)
             s.event(Event.CHECKPOINT_FAILED, path=str(final), error=f"{e.strerror or e}")

@@ -18,6 +18,7 @@ One module per idea:
     events     Event (every event name), append/read events, poisoning
     manifest   MANIFEST.json, CheckpointKind, checkpoint validation
     selection  newest valid checkpoint, the `latest` link
+    commit     the one commit protocol (tmp dir, hashed members, manifest last, rename), discard
     index      checkpoint_metadata.json, checkpoint search roots
     policies   issue 16: EXIT_DIVERGED, strict-resume env, learned-timeout file
     insight    doctor mode (RESILIENT_DOCTOR*), digest-log records, the first_step event
@@ -48,6 +49,7 @@ Run-dir layout::
                                  events, logs, errors, metrics)
 """
 
+from . import commit
 from .atomic import atomic_write_bytes, atomic_write_json, exchange, fsync_dir, read_json
 from .clock import iso_at, now_iso
 from .env import (
@@ -93,6 +95,8 @@ __all__ = [
     # issue 16: divergence, provenance refusal, learned timeouts
     "EXIT_DIVERGED", "KIND_DIVERGED", "DIVERGED_REASON", "DIVERGED_ERROR_TYPE", "RESUME_REFUSED_ERROR_TYPE",
     "ENV_STRICT_RESUME", "ON_NONFINITE_CHOICES", "LEARNED_TIMEOUTS_FILE",
+    # the commit protocol (module)
+    "commit",
     # errors
     "ContractError", "InvalidCheckpoint", "EnvError",
     # environment and exit codes
