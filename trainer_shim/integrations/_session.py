@@ -9,7 +9,6 @@ rotation and the choice of the checkpoint to resume from. All of it is the shim'
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 import time
 import traceback
@@ -17,34 +16,15 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Iterable, Optional
 
-from .. import rotation, rundir, signals
+from .. import rundir, signals
 from ..errors import ConfigError
 from ..heartbeat import Heartbeat
+from ..retention import Retention
 from ..rundir import ErrorRecord, Event, Manifest, Phase, RunEnv, StepMark
 
 
 def say(msg: str) -> None:
     print(f"trainer_shim: {msg}", file=sys.stderr, flush=True)
-
-
-def rotate(roots: Iterable[Path], *, keep_last: int, protected: Iterable[Path] = ()) -> list[str]:
-    """Delete committed checkpoints beyond the newest `keep_last` (per pool, as for native runs),
-    never one in `protected` (the one just written, the one resumed from, a framework's best)
-    nor one that does not validate (a torn newer one is discarded on resume instead). Returns
-    the names deleted."""
-    entries, paths = [], {}
-    for step, path, _root in rundir.iter_checkpoint_dirs([Path(r) for r in roots]):
-        try:
-            info = rundir.inspect_checkpoint(path)
-        except rundir.InvalidCheckpoint:
-            continue
-        paths[path.name] = path
-        entries.append(rotation.Entry(path.name, step, info.manifest.kind, info.manifest.loss))
-    names = rotation.to_delete(entries, keep_last=keep_last, keep_epochs=keep_last, keep_best=0,
-                               protected={Path(p).name for p in protected})
-    for name in sorted(names):
-        shutil.rmtree(paths[name], ignore_errors=True)
-    return sorted(names)
 
 
 class Session:
@@ -57,7 +37,10 @@ class Session:
             raise ConfigError(str(e)) from e
         self.rd = rundir.ensure_run_dir(run_dir)
         self.attempt = self.env.attempt
-        self.keep_last = keep_last
+        self._rotation_roots: list[Path] = []
+        # Deleted before returning: a framework's process may end (or be killed) right after a save.
+        self.retention = Retention(self.rd, lambda: self._rotation_roots, keep_last=keep_last,
+                                   keep_epochs=keep_last, keep_best=0, background=False)
         self.resumed_from: Optional[Path] = None
         self.checkpoint_step: Optional[int] = None
         self.stop = signals.StopFlag()
@@ -128,22 +111,11 @@ class Session:
     # --- resume --------------------------------------------------------------------------------
 
     def choose(self, roots: Iterable[Path]) -> Optional[rundir.CheckpointInfo]:
-        """The supervisor's choice (RESILIENT_RESUME_FROM) if it verifies, else the newest valid one."""
-        roots = [Path(r) for r in roots]
-        requested = self.env.resume_from
-        if self.env.fresh_start_requested:
-            return None
-        below = None
-        if requested:
-            try:
-                info = rundir.inspect_checkpoint(Path(requested), full=True)
-                self.resumed_from = info.path
-                return info
-            except rundir.InvalidCheckpoint as e:
-                self.reject(e.path, e.reason)
-                below = rundir.parse_checkpoint_name(Path(requested).name)
-        info = rundir.newest_valid(roots, full=True, below_step=below, on_reject=self.reject)
+        """The supervisor's choice (RESILIENT_RESUME_FROM) if it verifies, else the newest valid one:
+        the chooser of native runs, over the framework's roots, every file's digest checked."""
+        info = rundir.choose([Path(r) for r in roots], self.env.resume_from, full=True, on_reject=self.reject)
         self.resumed_from = info.path if info else None
+        self.retention.resumed_step = info.step if info else None
         return info
 
     def discard_newer(self, roots: Iterable[Path], step: int) -> None:
@@ -155,31 +127,24 @@ class Session:
             try:
                 rundir.inspect_checkpoint(path)
             except rundir.InvalidCheckpoint:
-                gone = path.with_name(f"{rundir.TMP_PREFIX}rejected-{path.name}")
-                shutil.rmtree(gone, ignore_errors=True)
-                os.rename(path, gone)
-                shutil.rmtree(gone, ignore_errors=True)
+                rundir.commit.discard(path, "rejected")
 
     # --- commit --------------------------------------------------------------------------------
 
+    def set_keep_last(self, n: int) -> None:
+        """How many checkpoints rotation keeps (per pool, as for native runs)."""
+        self.retention.keep_last = self.retention.keep_epochs = n
+
     def committed(self, path: Path, manifest: Manifest, roots: Iterable[Path], protect: Iterable[Path] = ()) -> None:
-        """After a checkpoint dir got its manifest: `latest`, index, rotation, heartbeat field."""
+        """After a checkpoint dir got its manifest: `latest`, index, rotation (never the one just
+        written, the one resumed from, nor one in `protect`), heartbeat field."""
         rel = os.path.relpath(path, self.rd.checkpoints)
         rundir.repoint_latest(self.rd.checkpoints, rel)
-        idx = rundir.read_index(self.rd)
-        idx[path.name] = rundir.index_entry(manifest, is_best=False, directory=path)
         self.checkpoint_step = manifest.global_step
         self.hb.fields["checkpoint_step"] = manifest.global_step
-        self._rotate([Path(r) for r in roots], idx, keep=[path, *protect])
-
-    def _rotate(self, roots: list[Path], idx: dict, keep: list[Path]) -> None:
-        protected = [*keep, *([self.resumed_from] if self.resumed_from else [])]
-        for name in rotate(roots, keep_last=self.keep_last, protected=protected):
-            idx.pop(name, None)
-        try:
-            rundir.atomic_write_json(self.rd.index, idx)
-        except OSError as e:
-            say(f"warning: cannot write {self.rd.index}: {e}")
+        self._rotation_roots = [Path(r) for r in roots]
+        self.retention.add(path, manifest)
+        self.retention.rotate(protect={path.name, *(Path(p).name for p in protect)})
 
     # --- stop ----------------------------------------------------------------------------------
 

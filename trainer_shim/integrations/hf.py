@@ -108,7 +108,7 @@ class ResilientCallback(TrainerCallback):
         s = self._start(args.output_dir)
         s.stop.install()
         self._limit = args.save_total_limit
-        s.keep_last = self._limit if self._limit else _UNLIMITED
+        s.set_keep_last(self._limit if self._limit else _UNLIMITED)
         args.save_total_limit = None  # we rotate, after our manifest is committed
         # The phase stays `starting` (startup timeout) until the first step ends: the Trainer may
         # still restore state and skip batches here.

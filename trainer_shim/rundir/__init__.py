@@ -79,7 +79,7 @@ from .records import (
     HEARTBEAT_FIELDS, ErrorRecord, HeartbeatRecord, Phase, RunState, StandbyMessage, SupervisorState, read_heartbeat,
     read_heartbeat_record,
 )
-from .selection import iter_checkpoint_dirs, newest_valid, repoint_latest
+from .selection import choose, iter_checkpoint_dirs, newest_valid, repoint_latest
 from .snapshots import (
     SHM_DIR, SNAPSHOT_PREFIX, SNAPSHOT_SLOTS, TABLE_SUFFIX, TENSOR_REF, TENSORS_SUFFIX, snapshot_slot_paths,
     snapshot_slot_ranks,
@@ -117,7 +117,7 @@ __all__ = [
     "poisoned_checkpoints",
     # checkpoints
     "FORMAT_VERSION", "MANIFEST_NAME", "CheckpointKind", "FileEntry", "Manifest", "CheckpointInfo",
-    "new_hasher", "digest_file", "safe_member", "inspect_checkpoint", "commit_age", "iter_checkpoint_dirs", "newest_valid",
+    "new_hasher", "digest_file", "safe_member", "inspect_checkpoint", "commit_age", "iter_checkpoint_dirs", "newest_valid", "choose",
     "repoint_latest", "index_entry", "read_index", "checkpoint_roots",
     "ENV_DOCTOR", "ENV_DOCTOR_FAULTS", "ENV_DOCTOR_STEPS", "EVENT_FIRST_STEP", "EVENT_CHECKPOINT_SAVED", "MARK_STEP",
     "MARK_BATCH", "MARK_EPOCH", "FAULT_KILL", "FAULT_RAISE", "parse_faults",
