@@ -1,9 +1,9 @@
 """What both framework callbacks share: one process's run-dir session.
 
-Heartbeats, the SIGTERM stop flag, SIGUSR1 stack dumps, the error record of an uncaught
-exception, events, committing a checkpoint dir (manifest last, fsynced), the index, `latest`,
-rotation and the choice of the checkpoint to resume from. All of it is the shim's own code
-(rundir, heartbeat, signals, rotation); nothing here imports a framework.
+Heartbeats, the process hooks (SIGTERM stop flag, SIGUSR1 stack dumps, the error record of an
+uncaught exception), events, the index, `latest`, rotation and the choice of the checkpoint to
+resume from. All of it is the engine's own code (rundir and its commit protocol, heartbeat,
+hooks, retention): the callbacks only translate framework calls; nothing here imports a framework.
 """
 
 from __future__ import annotations
@@ -11,16 +11,16 @@ from __future__ import annotations
 import os
 import sys
 import time
-import traceback
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Iterable, Optional
 
-from .. import rundir, signals
+from .. import rundir
 from ..errors import ConfigError
 from ..heartbeat import Heartbeat
+from ..hooks import ProcessHooks, record_exception
 from ..retention import Retention
-from ..rundir import ErrorRecord, Event, Manifest, Phase, RunEnv, StepMark
+from ..rundir import Event, Manifest, Phase, RunEnv, StepMark
 
 
 def say(msg: str) -> None:
@@ -43,15 +43,14 @@ class Session:
                                    keep_epochs=keep_last, keep_best=0, background=False)
         self.resumed_from: Optional[Path] = None
         self.checkpoint_step: Optional[int] = None
-        self.stop = signals.StopFlag()
         self.hb = Heartbeat(self.rd.heartbeat(0), rank=0, attempt=self.attempt, interval=heartbeat_interval)
         self.mark = StepMark(self.rd.step_mark(0))  # before the first beat: the supervisor's reached_step relies on it
         self.hb.write_now()  # phase starting: the supervisor's startup clock stops here
         self.hb.start()
-        signals.install_stack_dumps(self.rd.stacks_file(os.getpid()))
-        signals.install_excepthook(self._on_exception)
-        signals.tie_forked_children()
-        signals.die_with_launcher()
+        # Installed together, removed together at finish (or by the next Run/Session of this
+        # process); SIGTERM waits for install_stop(), after the framework's own handler.
+        self.hooks = ProcessHooks().install(self.rd, self._on_exception, stop_now=False)
+        self.stop = self.hooks.stop
         self._stopped = False
         self._hb_last = 0.0
         self._before_eval = Phase.STARTING.value
@@ -98,15 +97,8 @@ class Session:
         self.event(Event.CHECKPOINT_REJECTED, path=str(path), reason=reason)
 
     def _on_exception(self, tp: type, value: BaseException, tb: Optional[TracebackType]) -> None:
-        if issubclass(tp, (SystemExit, KeyboardInterrupt)):
-            return
-        rec = ErrorRecord(type=signals.qualified_name(tp), message=str(value),
-                          traceback="".join(traceback.format_exception(tp, value, tb)),
-                          step=self.hb.fields.get("step"), time=rundir.now_iso())
-        try:
-            rundir.atomic_write_json(self.rd.error_file(self.attempt), rec.to_json())
-        except OSError as e:
-            say(f"warning: cannot write {self.rd.error_file(self.attempt)}: {e}")
+        if not issubclass(tp, (SystemExit, KeyboardInterrupt)):
+            record_exception(self.rd, self.attempt, 0, tp, value, tb, step=self.hb.fields.get("step"))
 
     # --- resume --------------------------------------------------------------------------------
 
@@ -157,9 +149,14 @@ class Session:
             f"exiting {rundir.EXIT_PREEMPTED}")
         sys.exit(rundir.EXIT_PREEMPTED)
 
+    def install_stop(self) -> None:
+        """SIGTERM/SIGINT now mean "checkpoint at this step's end, exit 75" (see exit_preempted)."""
+        self.hooks.install_stop()
+
     def finish(self) -> None:
         if not self._stopped:
             self._stopped = True
+            self.hooks.uninstall()
             self.hb.stop()
             self.hb.write_now(phase=Phase.FINISHED.value)
             self.mark.close()

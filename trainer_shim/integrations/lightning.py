@@ -117,7 +117,7 @@ class _Resilient:
             return
         # After Lightning's own SIGTERM handler (it would raise SystemExit(1) at the next batch,
         # before our save): SIGTERM now means "save at this step's end and exit 75".
-        s.stop.install()
+        s.install_stop()
         s.beat(trainer.global_step, trainer.current_epoch, Phase.STARTING.value)  # `training` from the first step on
 
     # --- per step ------------------------------------------------------------------------------
