@@ -110,6 +110,18 @@ class Session:
         self.retention.resumed_step = info.step if info else None
         return info
 
+    def resume(self, roots: Iterable[Path], writes_into: Path) -> Optional[rundir.CheckpointInfo]:
+        """Choose the checkpoint to resume from (see choose), remove the torn dirs newer than it in
+        `writes_into` (where the framework saves next) and record it in the heartbeat; None: fresh."""
+        info = self.choose(roots)
+        self.discard_newer([writes_into], info.step if info else -1)
+        if info is None:
+            return None
+        self.checkpoint_step = info.step
+        self.hb.fields.update(resumed_from=str(info.path), checkpoint_step=info.step)
+        say(f"resuming from {info.path} (step {info.step})")
+        return info
+
     def discard_newer(self, roots: Iterable[Path], step: int) -> None:
         """Remove checkpoint dirs newer than the resume point that did not validate: the framework
         would write into them again and mix its new files with the torn ones."""

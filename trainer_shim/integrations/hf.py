@@ -89,14 +89,9 @@ class ResilientCallback(TrainerCallback):
         removed so the Trainer never writes into one.
         """
         s = self._start(output_dir)
-        info = s.choose(self._roots())
-        s.discard_newer([self.output_dir], info.step if info else -1)
-        if info is None:
-            return None
-        s.checkpoint_step = info.step
-        s.hb.fields.update(resumed_from=str(info.path), checkpoint_step=info.step)
-        say(f"resuming from {info.path} (step {info.step})")
-        return str(info.path)
+        assert self.output_dir is not None
+        info = s.resume(self._roots(), self.output_dir)
+        return str(info.path) if info else None
 
     def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._start(args.output_dir)

@@ -82,15 +82,8 @@ class _Resilient:
         None on a fresh start. Without $RESILIENT_RUN_DIR or ``run_dir=``, the run dir is the
         current directory (Lightning's default ``default_root_dir``)."""
         s = self._start(os.getcwd())
-        roots = rundir.checkpoint_roots(s.rd)
-        info = s.choose(roots)
-        s.discard_newer([s.rd.checkpoints], info.step if info else -1)
-        if info is None:
-            return None
-        s.checkpoint_step = info.step
-        s.hb.fields.update(resumed_from=str(info.path), checkpoint_step=info.step)
-        say(f"resuming from {info.path} (step {info.step})")
-        return str(info.path / LIGHTNING_CKPT)
+        info = s.resume(rundir.checkpoint_roots(s.rd), s.rd.checkpoints)
+        return str(info.path / LIGHTNING_CKPT) if info else None
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if stage != "fit":
