@@ -2,8 +2,9 @@
 
 `rotation` decides *what* to keep (a pure policy over entries); this module applies it to the
 checkpoint roots: it keeps the index in step with what was committed, renames doomed checkpoints
-out of sight and deletes them in the background (or at once when the space is needed now).
-Every failure here is reported and ignored: bookkeeping must never stop training.
+out of sight and deletes them (rundir.commit.discard) in the background, or at once when the
+space is needed now or the process may end right after a save (the framework callbacks, whose
+rotation this is too). Every failure here is reported and ignored: bookkeeping must never stop training.
 """
 
 from __future__ import annotations
