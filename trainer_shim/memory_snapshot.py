@@ -202,8 +202,8 @@ class Slot:
                 continue
             dig = known.get(ent.name) or rundir.digest_file(Path(ent.path))
             entries[ent.name] = FileEntry(os.path.getsize(ent.path), dig)
-        manifest = ckpt._manifest(snap, entries, meta, world_size)
-        rundir.atomic_write_bytes(self.path / rundir.MANIFEST_NAME, snapshot_store.manifest_bytes(manifest),
+        manifest = ckpt.manifest_of(snap, entries, meta, world_size)
+        rundir.atomic_write_bytes(self.path / rundir.MANIFEST_NAME, manifest.to_bytes(),
                                   durable=False)
         return manifest
 

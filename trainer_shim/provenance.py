@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from . import rundir
+from .hooks import write_error_record
 from .rundir import EXIT_REFUSED, RESUME_REFUSED_ERROR_TYPE, Event, RunEnv
 
 __all__ = ["script_path", "git_info", "args_hash", "differences", "check_resume", "strict_from_env", "attach"]
@@ -119,12 +120,8 @@ def check_resume(run: Any, path: Path, manifest: Any, strict: bool) -> None:
         return
     msg = (f"refusing to resume {path}: {what} (--strict-resume); restore the original code/arguments, "
            "or resume without --strict-resume")
-    efile = run.rd.error_file(run.attempt, run.rank if run.world_size > 1 else 0)
-    try:
-        rundir.atomic_write_json(efile, {"type": RESUME_REFUSED_ERROR_TYPE, "message": msg, "traceback": "",
-                                         "step": manifest.global_step, "time": rundir.now_iso()})
-    except OSError:
-        pass
+    write_error_record(run.rd, run.attempt, run.rank if run.world_size > 1 else 0, rundir.ErrorRecord(
+        type=RESUME_REFUSED_ERROR_TYPE, message=msg, step=manifest.global_step, time=rundir.now_iso()))
     sys.stderr.write(f"trainer_shim: {msg}\n")
     sys.stderr.flush()
     run._finished = True

@@ -41,10 +41,8 @@ def _choose(run: Run, requested: Optional[str], below: Optional[int]) -> Optiona
     """rank 0's candidate: the supervisor's pick first, then the newest valid below `below`."""
     if run.rank != 0:
         return None
-    if requested:
-        return requested
-    info = rundir.newest_valid(run.search_dirs, allow_inexact=run.options.resume_emergency, below_step=below,
-                               on_reject=lambda p, r: reject(run, p, r))
+    info = rundir.choose(run.search_dirs, requested, allow_inexact=run.options.resume_emergency, below_step=below,
+                         on_reject=lambda p, r: reject(run, p, r))
     return str(info.path) if info else None
 
 

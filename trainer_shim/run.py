@@ -7,7 +7,6 @@ import os
 import shutil
 import sys
 import time
-import traceback
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from types import TracebackType
@@ -16,10 +15,10 @@ from typing import Any, Optional
 
 from . import async_save as async_save_mod
 from . import (cursor, data, distributed, divergence, options, provenance, restoring, resume_prompt, retention, rng,
-               rundir, save_interval, saving, signals)
+               rundir, save_interval, saving)
 from .errors import CollectiveTimeout, ConfigError
 from .heartbeat import Heartbeat
-from .hooks import ProcessHooks
+from .hooks import ProcessHooks, record_exception
 from .loading import LoadResult, load
 from .probe import Probe
 from .provenance import script_path
@@ -346,14 +345,8 @@ class Run:
         sys.exit(rundir.EXIT_PREEMPTED)
 
     def _on_exception(self, tp: type, value: BaseException, tb: Optional[TracebackType]) -> None:
-        rec = rundir.ErrorRecord(type=signals.qualified_name(tp), message=str(value),
-                                 traceback="".join(traceback.format_exception(tp, value, tb)),
-                                 step=self.global_step, time=rundir.now_iso())
-        efile = self.rd.error_file(self.attempt, self.rank if self._group.world_size > 1 else 0)
-        try:
-            rundir.atomic_write_json(efile, rec.to_json())
-        except OSError as e:
-            _say(f"warning: cannot write {efile}: {e}")
+        record_exception(self.rd, self.attempt, self.rank if self._group.world_size > 1 else 0, tp, value, tb,
+                         step=self.global_step)
         if self._finished:
             return
         if self._fast is not None:

@@ -106,11 +106,8 @@ def reusable(run: Run, step: int, exact: bool, position: Optional[tuple[int, int
         return existing
     if expected:   # valid and committed: the new save supersedes it at its commit, never before
         return None
-    trash = existing.parent / f"{rundir.TMP_PREFIX}deleting-{existing.name}"
     try:
-        shutil.rmtree(trash, ignore_errors=True)
-        os.rename(existing, trash)
-        shutil.rmtree(trash, ignore_errors=True)
+        rundir.commit.discard(existing)
     except OSError as e:
         _say(f"warning: cannot replace checkpoint {existing} ({why}): {e}")
         return existing
@@ -179,7 +176,7 @@ def decide(run: Run, snap: ckpt.Snapshot, start: int = 0) -> Decision:
         root = roots[index]
         if not ensure_space(run, root, probe):
             continue
-        tmp = root / f"{rundir.TMP_PREFIX}{name}"
+        tmp = rundir.commit.tmp_dir(root, name)
         try:
             root.mkdir(mode=rundir.RUN_DIR_MODE, parents=True, exist_ok=True)
             if tmp.exists():

@@ -21,6 +21,7 @@ One module per idea:
     events     Event (every event name), append/read events, poisoning, gave_up reasons
     manifest   MANIFEST.json, CheckpointKind, checkpoint validation
     selection  newest valid checkpoint, the `latest` link
+    commit     the one commit protocol (tmp dir, hashed members, manifest last, rename), discard
     index      checkpoint_metadata.json, checkpoint search roots
     frameworks HF Trainer / Lightning layouts: checkpoint-N dirs, extra roots, member names
     snapshots  memory snapshot slots in /dev/shm: names, the owner/mode trust rule
@@ -50,6 +51,7 @@ Run-dir layout::
                                  events, logs, errors, metrics)
 """
 
+from . import commit
 from .atomic import atomic_write_bytes, atomic_write_json, exchange, fsync_dir, read_json
 from .clock import iso_at, now_iso
 from .doctor import FAULT_KILL, FAULT_RAISE, MARK_BATCH, MARK_EPOCH, MARK_STEP, parse_faults
@@ -84,7 +86,7 @@ from .records import (
     HEARTBEAT_FIELDS, ErrorRecord, HeartbeatRecord, Phase, RunState, StandbyMessage, SupervisorState, read_heartbeat,
     read_heartbeat_record,
 )
-from .selection import iter_checkpoint_dirs, newest_valid, repoint_latest
+from .selection import choose, iter_checkpoint_dirs, newest_valid, repoint_latest
 from .snapshots import (
     SHM_DIR, SNAPSHOT_PREFIX, SNAPSHOT_SLOTS, TABLE_SUFFIX, TENSOR_REF, TENSORS_SUFFIX, snapshot_slot_paths,
     snapshot_slot_ranks,
@@ -93,6 +95,8 @@ from .snapshots import (
 from .stepmark import STEP_MARK_SIZE, StepMark, reached_step, read_step_mark
 
 __all__ = [
+    # the commit protocol (module)
+    "commit",
     # errors
     "ShimError", "ContractError", "InvalidCheckpoint", "EnvError",
     # environment
@@ -120,7 +124,7 @@ __all__ = [
     "poisoned_checkpoints",
     # checkpoints
     "FORMAT_VERSION", "MANIFEST_NAME", "CheckpointKind", "FileEntry", "Manifest", "CheckpointInfo",
-    "new_hasher", "digest_file", "safe_member", "inspect_checkpoint", "commit_age", "iter_checkpoint_dirs", "newest_valid",
+    "new_hasher", "digest_file", "safe_member", "inspect_checkpoint", "commit_age", "iter_checkpoint_dirs", "newest_valid", "choose",
     "repoint_latest", "index_entry", "read_index", "checkpoint_roots",
     # framework layouts
     "HF_PREFIX", "hf_checkpoint_name", "parse_hf_checkpoint_name", "ROOTS_FILE", "roots_file", "read_extra_roots",

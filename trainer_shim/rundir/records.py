@@ -36,6 +36,10 @@ def _opt_int(v: Any) -> Optional[int]:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
+def _opt_str(v: Any) -> Optional[str]:
+    return v if isinstance(v, str) else None
+
+
 @dataclasses.dataclass(frozen=True)
 class HeartbeatRecord:
     """heartbeats/rank-<R>.json, rewritten atomically by the shim.
@@ -162,6 +166,8 @@ class ErrorRecord:
     traceback: str = ""
     step: Optional[int] = None
     time: Optional[str] = None
+    loss: Optional[str] = None           # a divergence: the non-finite loss, as repr() wrote it
+    resumed_from: Optional[str] = None   # a divergence: the checkpoint this attempt started from
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -172,7 +178,8 @@ class ErrorRecord:
         if not isinstance(d, dict) or not isinstance(d.get("type"), str):
             return None
         return cls(type=d["type"], message=str(d.get("message", "")), traceback=str(d.get("traceback") or ""),
-                   step=_opt_int(d.get("step")), time=d.get("time") if isinstance(d.get("time"), str) else None)
+                   step=_opt_int(d.get("step")), time=_opt_str(d.get("time")), loss=_opt_str(d.get("loss")),
+                   resumed_from=_opt_str(d.get("resumed_from")))
 
 
 @dataclasses.dataclass(frozen=True)
