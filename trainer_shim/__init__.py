@@ -28,14 +28,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from . import rundir
-from .errors import CheckpointError, ShimError
+from .errors import CheckpointError, ConfigError, ShimError
 
-__all__ = ["init", "load", "Run", "ShimError", "CheckpointError", "rundir"]
+# What a training script relies on; every other module is the engine's inside (no stability promise).
+__all__ = ["init", "load", "Run", "LoadResult", "ShimError", "CheckpointError", "ConfigError", "rundir"]
 
 if TYPE_CHECKING:  # pragma: no cover
+    from .loading import LoadResult
     from .run import Run, init, load
 
-_LAZY = {"init": "run", "load": "run", "Run": "run"}
+_LAZY = {"init": "run", "load": "run", "Run": "run", "LoadResult": "loading"}
 
 
 def __getattr__(name: str) -> Any:

@@ -11,7 +11,7 @@ import traceback
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 
 from . import async_save as async_save_mod
@@ -23,6 +23,7 @@ from .hooks import ProcessHooks
 from .loading import LoadResult, load
 from .probe import Probe
 from .provenance import script_path
+from .save_interval import DEFAULT_MTBF_HOURS
 from .save_time import SaveTimer
 from .rundir import CheckpointKind, Event, Phase
 
@@ -366,6 +367,27 @@ class Run:
         if path is not None:
             _say(f"emergency checkpoint (inexact, not auto-resumed) at {path}")
 
-def init(**kwargs: Any) -> Run:
-    """Create the Run: first heartbeat, then restore the requested or newest valid checkpoint."""
-    return Run(**kwargs)
+def init(*, model: Any = None, optimizer: Any = None, scheduler: Any = None, scaler: Any = None,
+         extra: Optional[dict] = None, run_dir: Optional[options.PathLike] = None,
+         save_every_steps: Optional[int] = None, save_every_seconds: Optional[Union[float, str]] = None,
+         save_on_epoch_end: bool = True, keep_last: int = 3, keep_epochs: int = 10, keep_best: int = 1,
+         fallback_dir: Optional[options.PathLike] = None, min_free_bytes: Optional[int] = None,
+         heartbeat_interval: float = 1.0, resume_emergency: bool = False, collective_timeout: float = 300.0,
+         sharded: Optional[bool] = None, allow_reshard: Optional[bool] = None, on_nonfinite: str = "raise",
+         resume: Union[str, options.PathLike] = "auto", strict_resume: bool = False, mtbf_hours: float = DEFAULT_MTBF_HOURS,
+         async_save: bool = False, memory_every_steps: Optional[int] = None) -> Run:
+    """Create the Run: first heartbeat, then restore the requested or newest valid checkpoint.
+
+    model, optimizer, scheduler, scaler, extra: what a checkpoint holds (extra: name -> object with
+    state_dict()/load_state_dict()); run_dir: defaults to $RESILIENT_RUN_DIR or runs/<script>;
+    save_every_steps / save_every_seconds (seconds or "auto": Young/Daly) / save_on_epoch_end: when
+    to checkpoint; keep_last / keep_epochs / keep_best: rotation; fallback_dir: a second root when
+    the first cannot take a save; min_free_bytes: headroom kept free; heartbeat_interval: seconds
+    between beats; resume_emergency: also resume from inexact emergency checkpoints;
+    collective_timeout: seconds a multi-rank collective may take; sharded: DCP for FSDP2/DTensor
+    (None: detect); allow_reshard: resume a sharded checkpoint at another world size (None: env);
+    on_nonfinite: "raise", "skip" or "ignore" a NaN/inf loss; resume: "auto", "ask", "never" or a path;
+    strict_resume: refuse a checkpoint of other code/args; mtbf_hours: the "auto" interval's prior;
+    async_save / memory_every_steps: background saves and /dev/shm snapshots.
+    """
+    return Run(**locals())
