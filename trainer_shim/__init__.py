@@ -6,6 +6,7 @@ torch-using API is loaded on first use of `init`, `load` or `Run`. One module pe
 contract        rundir/      the run-dir contract both sides import (torch-free): layout, env, records,
                              events, manifest, selection of the newest valid checkpoint, step marks
 the API         run          `init()` -> Run: a facade over the modules below; options (init's keywords)
+                engine       the collaborators saving/restoring/async saves share (Engine, Reporter, say)
                 hooks        signals (stop flag, stack dumps, fork tie) + excepthook, install/uninstall
                 heartbeat    the heartbeat file, written by a background thread
                 cursor, data the data cursor: epochs/batches, mid-epoch resume by index; rng: every RNG

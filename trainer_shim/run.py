@@ -335,6 +335,7 @@ class Run:
         if path is not None:
             say(f"emergency checkpoint (inexact, not auto-resumed) at {path}")
 
+
 def init(*, model: Any = None, optimizer: Any = None, scheduler: Any = None, scaler: Any = None,
          extra: Optional[dict] = None, run_dir: Optional[options.PathLike] = None,
          save_every_steps: Optional[int] = None, save_every_seconds: Optional[Union[float, str]] = None,
@@ -342,7 +343,8 @@ def init(*, model: Any = None, optimizer: Any = None, scheduler: Any = None, sca
          fallback_dir: Optional[options.PathLike] = None, min_free_bytes: Optional[int] = None,
          heartbeat_interval: float = 1.0, resume_emergency: bool = False, collective_timeout: float = 300.0,
          sharded: Optional[bool] = None, allow_reshard: Optional[bool] = None, on_nonfinite: str = "raise",
-         resume: Union[str, options.PathLike] = "auto", strict_resume: bool = False, mtbf_hours: float = DEFAULT_MTBF_HOURS,
+         resume: Union[str, options.PathLike] = "auto", strict_resume: bool = False,
+         mtbf_hours: float = DEFAULT_MTBF_HOURS,
          async_save: bool = False, memory_every_steps: Optional[int] = None) -> Run:
     """Create the Run: first heartbeat, then restore the requested or newest valid checkpoint.
 
