@@ -24,6 +24,7 @@ import traceback
 from typing import Any
 
 from . import rundir
+from .engine import say
 from .rundir import DIVERGED_ERROR_TYPE, EXIT_DIVERGED, Event
 from .errors import ConfigError
 from .hooks import write_error_record
@@ -68,10 +69,10 @@ def stop_diverged(run: Any, value: float) -> None:
         type=DIVERGED_ERROR_TYPE, message=msg, traceback="".join(traceback.format_stack(limit=8)), step=step,
         time=rundir.now_iso(), loss=repr(value), resumed_from=run.resumed_from))
     if run.rank == 0:
-        run._event(Event.DIVERGED, step=step, loss=repr(value), resumed_from=run.resumed_from)
-    _say(msg)
-    run._finished = True   # no emergency checkpoint of the bad state from any exit path
-    run._hb.stop()
+        run.engine.event(Event.DIVERGED, step=step, loss=repr(value), resumed_from=run.resumed_from)
+    say(msg)
+    run.engine.finished = True   # no emergency checkpoint of the bad state from any exit path
+    run.engine.hb.stop()
     try:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -83,10 +84,5 @@ def stop_diverged(run: Any, value: float) -> None:
 def note_skip(run: Any, value: float) -> None:
     run.skipped_steps += 1
     if run.skipped_steps == 1:
-        _say(f"non-finite loss {value!r} after step {run.global_step}: step skipped (on_nonfinite='skip'); "
+        say(f"non-finite loss {value!r} after step {run.global_step}: step skipped (on_nonfinite='skip'); "
              "later skips are counted in run.skipped_steps")
-
-
-def _say(msg: str) -> None:
-    sys.stderr.write(f"trainer_shim: {msg}\n")
-    sys.stderr.flush()

@@ -21,6 +21,7 @@ import torch
 import xxhash
 
 from . import data, rundir
+from .engine import say
 from .errors import ShimError
 from .rundir import EXIT_OK, FAULT_KILL, MARK_BATCH, MARK_STEP, Event, RunEnv
 
@@ -38,10 +39,6 @@ STATE_COMPONENTS = ("model.params", "model.buffers", "optimizer", "scheduler", "
 
 class DoctorFault(ShimError, RuntimeError):
     """The Python exception the doctor injects (kind `raise`); a RuntimeError, like a typical user crash."""
-
-
-def _say(msg: str) -> None:
-    print(f"trainer_shim: {msg}", file=sys.stderr, flush=True)
 
 
 def _feed(h: "xxhash.xxh3_64", obj: Any) -> None:
@@ -233,7 +230,7 @@ class Probe:
         if self._ref_step is not None and not self._warned and self.log is None:
             if self._version_sum() != self._ref_version:
                 self._warned = True
-                _say(f"model parameters or buffers changed after run.step() at step {self._ref_step} (before the "
+                say(f"model parameters or buffers changed after run.step() at step {self._ref_step} (before the "
                      "next batch); a checkpoint taken at run.step() misses that change, so a resume is not exact. "
                      "Call run.step() after the last change to training state in the loop body")
         if self.log is None:
@@ -256,18 +253,18 @@ class Probe:
         if total is None or total <= 0:
             return
         self._total_set_by = source
-        self.run._hb.fields["total_steps"] = int(total)
+        self.run.engine.hb.fields["total_steps"] = int(total)
 
     def on_stream(self, loader: Any) -> None:
         """A training stream starts: with run.epochs(n) and a sized loader the length is known."""
-        if self._total_set_by == "integration" or not self.run._in_epochs or self.num_epochs is None:
+        if self._total_set_by == "integration" or not self.run.engine.stream.in_epochs or self.num_epochs is None:
             return
         try:
             n = len(loader)
         except TypeError:
             return
         self._total_set_by = "epochs"
-        self.run._hb.fields["total_steps"] = self.num_epochs * n
+        self.run.engine.hb.fields["total_steps"] = self.num_epochs * n
 
     def on_epoch_end(self) -> None:
         # The epoch-end checkpoint captures whatever the epoch body did after its last run.step().
@@ -284,7 +281,7 @@ class Probe:
 
     def _components(self) -> dict[str, str]:
         run = self.run
-        gen = data.loader_generator(run._stream_loader)
+        gen = data.loader_generator(run.engine.stream.loader)
         stateful = {"optimizer": run.optimizer, "scheduler": run.scheduler, "scaler": run.scaler,
                     **{f"extra.{k}": v for k, v in run.extra.items()}}
         out = state_digests(run.model, stateful, gen)
@@ -335,7 +332,7 @@ class Probe:
             for path, mod in m.named_modules():
                 for k, v in list(vars(mod).items()):
                     yield f"`model{'.' + path if path else ''}.{k}`", v, "held by the model"
-        loader = self.run._stream_loader
+        loader = self.run.engine.stream.loader
         for attr in ("dataset", "sampler", "batch_sampler"):
             obj = getattr(loader, attr, None)
             if obj is not None:

@@ -103,7 +103,7 @@ def attach(run: Any, script: Optional[Path], strict_resume: bool) -> None:
     """Give `run` what its checkpoints record of where they came from, and the resume rule."""
     run.git_commit, run.git_dirty = git_info(script.parent if script else None)
     run.args_hash, run.strict_resume = args_hash(), bool(strict_resume) or strict_from_env(run.env)
-    run._provenance = {"git_commit": run.git_commit, "git_dirty": run.git_dirty, "args_hash": run.args_hash}
+    run.engine.provenance = {"git_commit": run.git_commit, "git_dirty": run.git_dirty, "args_hash": run.args_hash}
 
 
 def check_resume(run: Any, path: Path, manifest: Any, strict: bool) -> None:
@@ -112,7 +112,7 @@ def check_resume(run: Any, path: Path, manifest: Any, strict: bool) -> None:
     if not diff:
         return
     if run.rank == 0:
-        run._event(Event.RESUME_MISMATCH, path=str(path), differences=diff, strict=strict)
+        run.engine.event(Event.RESUME_MISMATCH, path=str(path), differences=diff, strict=strict)
     what = _describe(diff)
     if not strict:
         sys.stderr.write(f"trainer_shim: warning: resuming {path.name} written with different provenance: {what}\n")
@@ -124,6 +124,6 @@ def check_resume(run: Any, path: Path, manifest: Any, strict: bool) -> None:
         type=RESUME_REFUSED_ERROR_TYPE, message=msg, step=manifest.global_step, time=rundir.now_iso()))
     sys.stderr.write(f"trainer_shim: {msg}\n")
     sys.stderr.flush()
-    run._finished = True
-    run._hb.stop()
+    run.engine.finished = True
+    run.engine.hb.stop()
     os._exit(EXIT_REFUSED)

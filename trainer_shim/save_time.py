@@ -33,11 +33,11 @@ class SaveTimer:
 
     @classmethod
     def for_run(cls, run: Any) -> "SaveTimer":
-        return cls(run._event, run.rank, lambda: (run.global_step, run.checkpoint_step))
+        return cls(run.engine.event, run.rank, lambda: (run.global_step, run.checkpoint_step))
 
     @contextlib.contextmanager
     def stall(self, kind: CheckpointKind, event: bool = True) -> Iterator[None]:
-        """Around the training thread's part of a save (`with run._saves.stall(kind):`)."""
+        """Around the training thread's part of a save (`with engine.saves.stall(kind):`)."""
         self._depth += 1
         t0 = time.monotonic()
         try:
