@@ -15,7 +15,7 @@ from typing import Any, Optional, Union
 
 from . import async_save as async_save_mod
 from . import (cursor, data, distributed, divergence, options, provenance, restoring, resume_prompt, retention, rng,
-               rundir, save_interval, saving, signals)
+               rundir, save_interval, saving)
 from .engine import Engine, Reporter, say
 from .errors import CollectiveTimeout, ConfigError
 from .heartbeat import Heartbeat
