@@ -50,7 +50,7 @@ class _Job:
 
 
 class FastSaver:
-    """Owned by a single-process Run; see the module docstring for the policy."""
+    """Owned by a Run's engine (`engine.fast`); see the module docstring for the policy."""
 
     def __init__(self, run: Trained, save_now: Callable[[CheckpointKind], Any], *, async_save: bool,
                  memory_every: Optional[int],

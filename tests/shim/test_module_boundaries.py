@@ -57,3 +57,45 @@ def test_engine_modules_do_not_import_the_loop_api() -> None:
     for name in ("engine", "saving", "restoring", "async_save", "probe", "provenance", "divergence",
                  "save_interval", "save_time", "memory_snapshot"):
         assert "run" not in _imports(SHIM / f"{name}.py"), name
+
+
+def _graph() -> dict[str, set[str]]:
+    """trainer_shim module -> the trainer_shim modules it imports (module level, in functions, or for typing)."""
+    mods = {".".join(p.relative_to(SHIM.parent).with_suffix("").parts).removesuffix(".__init__"): p
+            for p in SHIM.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for mod, path in mods.items():
+        pkg = mod if path.name == "__init__.py" else mod.rsplit(".", 1)[0]
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                base = ".".join(pkg.split(".")[:len(pkg.split(".")) - node.level + 1] + [node.module or ""]).rstrip(".")
+                deps.update(f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in mods)
+                if node.module and base in mods:
+                    deps.add(base)
+            elif isinstance(node, ast.Import):
+                deps.update(a.name for a in node.names if a.name in mods)
+        graph[mod] = deps - {mod}
+    return graph
+
+
+# The contract's layout <-> frameworks pair (a typing-only import) belongs to a parallel change; drop this then.
+PENDING_CIRCLES = {frozenset({"trainer_shim.rundir.layout", "trainer_shim.rundir.frameworks"})}
+
+
+def test_no_import_circle_inside_trainer_shim() -> None:
+    graph = _graph()
+
+    def reaches(start: str, goal: str) -> bool:
+        seen, todo = set(), [start]
+        while todo:
+            m = todo.pop()
+            if m == goal:
+                return True
+            if m not in seen:
+                seen.add(m)
+                todo.extend(graph.get(m, ()))
+        return False
+
+    circles = {frozenset({a, b}) for a in graph for b in graph[a] if reaches(b, a)}
+    assert {c for c in circles if c not in PENDING_CIRCLES} == set()
