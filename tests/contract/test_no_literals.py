@@ -3,6 +3,8 @@ name, a RESILIENT_* variable or an exit code as a literal (a second spelling is 
 
 The scan reads the product packages (supervisor/, trainer_shim/) with `ast`, so comments and
 docstrings, which name these things for the reader, do not count. Nothing is allow-listed.
+Tests, examples and benchmarks are not scanned: their jobs stand in for users' scripts, which read
+and set the variables by their documented names.
 """
 
 from __future__ import annotations
