@@ -22,8 +22,6 @@ LIBRARY_INTERNALS = {
     "_BatchNorm",       # torch.nn.modules.batchnorm._BatchNorm: every BatchNorm's base
     "_data_source",     # Lightning's fit_loop._data_source: the train dataloader source
 }
-# Manifest building moves to the contract's commit protocol in a parallel change; drop this then.
-PENDING = {("memory_snapshot.py", "ckpt._manifest")}
 
 
 def _private_reads(path: Path) -> list[str]:
@@ -33,7 +31,7 @@ def _private_reads(path: Path) -> list[str]:
             continue
         if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
             continue
-        if node.attr in LIBRARY_INTERNALS or (path.name, ast.unparse(node)) in PENDING:
+        if node.attr in LIBRARY_INTERNALS:
             continue
         out.append(f"{path.relative_to(SHIM)}:{node.lineno}: {ast.unparse(node)}")
     return out
@@ -79,8 +77,6 @@ def _graph() -> dict[str, set[str]]:
     return graph
 
 
-# The contract's layout <-> frameworks pair (a typing-only import) belongs to a parallel change; drop this then.
-PENDING_CIRCLES = {frozenset({"trainer_shim.rundir.layout", "trainer_shim.rundir.frameworks"})}
 
 
 def test_no_import_circle_inside_trainer_shim() -> None:
@@ -98,4 +94,4 @@ def test_no_import_circle_inside_trainer_shim() -> None:
         return False
 
     circles = {frozenset({a, b}) for a in graph for b in graph[a] if reaches(b, a)}
-    assert {c for c in circles if c not in PENDING_CIRCLES} == set()
+    assert circles == set()
