@@ -20,6 +20,7 @@ from ..errors import ConfigError
 from ..heartbeat import Heartbeat
 from ..hooks import ProcessHooks, record_exception
 from ..retention import Retention
+from ..save_time import SaveTimer
 from ..rundir import Event, Manifest, Phase, RunEnv, StepMark
 
 
@@ -55,6 +56,7 @@ class Session:
         # Installed together, removed together at finish (or by the next Run/Session of this
         # process); SIGTERM waits for install_stop(), after the framework's own handler.
         self.hooks = ProcessHooks().install(self.rd, self._on_exception, stop_now=False)
+        self.saves = SaveTimer(self.event)
         self.stop = self.hooks.stop
         self._stopped = False
         self._hb_last = 0.0
@@ -144,9 +146,11 @@ class Session:
         """How many checkpoints rotation keeps (per pool, as for native runs)."""
         self.retention.keep_last = self.retention.keep_epochs = n
 
-    def committed(self, path: Path, manifest: Manifest, roots: Iterable[Path], protect: Iterable[Path] = ()) -> None:
+    def committed(self, path: Path, manifest: Manifest, roots: Iterable[Path], protect: Iterable[Path] = (),
+                  seconds: Optional[float] = None) -> None:
         """After a checkpoint dir got its manifest: `latest`, index, rotation (never the one just
-        written, the one resumed from, nor one in `protect`), heartbeat field."""
+        written, the one resumed from, nor one in `protect`), heartbeat field, and the `seconds`
+        the save stalled training (reported as native runs report theirs)."""
         rel = os.path.relpath(path, self.rd.checkpoints)
         rundir.repoint_latest(self.rd.checkpoints, rel)
         self.checkpoint_step = manifest.global_step
@@ -154,6 +158,13 @@ class Session:
         self._rotation_roots = [Path(r) for r in roots]
         self.retention.add(path, manifest)
         self.retention.rotate(protect={path.name, *(Path(p).name for p in protect)})
+        if seconds is not None:
+            self.saves.add(seconds, manifest.kind, manifest.global_step, manifest.global_step)
+
+    def save_failed(self, path: Path, e: OSError, what: str) -> None:
+        """A checkpoint that did not commit: event and warning; training continues."""
+        self.event(Event.CHECKPOINT_FAILED, path=str(path), error=f"{e.strerror or e}")
+        say(f"warning: {what}: {e}; training continues")
 
     # --- stop ----------------------------------------------------------------------------------
 

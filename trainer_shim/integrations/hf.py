@@ -24,8 +24,7 @@ from typing import Any, Optional
 from transformers import TrainerCallback
 
 from .. import rundir
-from ..rundir import CheckpointKind, Event, Manifest, Phase, hf_checkpoint_name, read_extra_roots, record_extra_root
-from ..save_time import SaveTimer
+from ..rundir import CheckpointKind, Manifest, Phase, hf_checkpoint_name, read_extra_roots, record_extra_root
 from ._doctor import FrameworkDoctor
 from ._session import Session, product_env, say
 
@@ -56,7 +55,6 @@ class ResilientCallback(TrainerCallback):
         self._stopping = False
         self._loss: Optional[float] = None
         self._doctor: Optional[FrameworkDoctor] = None
-        self._saves: Optional[SaveTimer] = None
         self._save_t0: Optional[float] = None   # the step end before the Trainer's save (its stall starts)
         self._born = time.time()  # before the Trainer (built after its callbacks) creates output_dir
 
@@ -68,7 +66,6 @@ class ResilientCallback(TrainerCallback):
             root = product_env().run_dir or self.run_dir or self.output_dir
             self.session = Session(Path(root), heartbeat_interval=self.heartbeat_interval)
             self._doctor = FrameworkDoctor.from_env(self.session.attempt)
-            self._saves = SaveTimer(self.session.event)
             if self._doctor is not None:  # doctor's runs must not share (or touch) the user's output_dir
                 self.output_dir = self.session.rd.root / "output"
             self.output_dir.mkdir(parents=True, exist_ok=True)
@@ -172,13 +169,12 @@ class ResilientCallback(TrainerCallback):
                                        epoch=int(state.epoch or 0), batch_in_epoch=0, kind=kind, loss=self._loss)
             rundir.commit.commit_in_place(path, manifest.to_bytes())
         except OSError as e:
-            s.event(Event.CHECKPOINT_FAILED, path=str(path), error=f"{e.strerror or e}")
-            say(f"warning: cannot commit {path}: {e}; training continues")
+            s.save_failed(path, e, f"cannot commit {path}")
         else:
             best = state.best_model_checkpoint
-            s.committed(path, manifest, self._roots(), protect=[Path(best)] if best else [])
-            if self._saves is not None and self._save_t0 is not None:  # the Trainer's save and our manifest
-                self._saves.add(time.monotonic() - self._save_t0, kind, state.global_step, state.global_step)
+            # The stall: the Trainer's save and our manifest.
+            took = time.monotonic() - self._save_t0 if self._save_t0 is not None else None
+            s.committed(path, manifest, self._roots(), protect=[Path(best)] if best else [], seconds=took)
         if self._stopping:
             s.exit_preempted()
         s.beat(state.global_step, int(state.epoch or 0), Phase.TRAINING.value)

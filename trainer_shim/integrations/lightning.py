@@ -21,9 +21,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .. import rundir
-from ..rundir import LIGHTNING_CKPT, CheckpointKind, Event, Manifest, Phase
+from ..rundir import LIGHTNING_CKPT, CheckpointKind, Manifest, Phase
 from ._resumable import ResumableLoader
-from ..save_time import SaveTimer
 from ._doctor import FrameworkDoctor
 from ._session import Session, product_env, say
 
@@ -64,7 +63,6 @@ class _Resilient:
         self._loader: Optional[ResumableLoader] = None
         self._saved_step: Optional[int] = None
         self._doctor: Optional[FrameworkDoctor] = None
-        self._saves: Optional[SaveTimer] = None
 
     # --- setup and resume ----------------------------------------------------------------------
 
@@ -73,7 +71,6 @@ class _Resilient:
             root = product_env().run_dir or self.run_dir or default_root
             self.session = Session(Path(root), heartbeat_interval=self.heartbeat_interval, keep_last=self.keep_last)
             self._doctor = FrameworkDoctor.from_env(self.session.attempt)
-            self._saves = SaveTimer(self.session.event)
         return self.session
 
     def resume_from(self) -> Optional[str]:
@@ -172,15 +169,12 @@ class _Resilient:
             rundir.commit.commit_dir(tmp, final, manifest.to_bytes(), repoint=False)  # `latest`: s.committed
         except OSError as e:
             shutil.rmtree(tmp, ignore_errors=True)
-            s.event(Event.CHECKPOINT_FAILED, path=str(final), error=f"{e.strerror or e}")
-            say(f"warning: checkpoint at step {step} failed: {e}; training continues")
+            s.save_failed(final, e, f"checkpoint at step {step} failed")
             s.hb.end_save()
             return None
-        s.committed(final, manifest, rundir.checkpoint_roots(s.rd))
+        s.committed(final, manifest, rundir.checkpoint_roots(s.rd), seconds=time.monotonic() - t0)
         self._saved_step = step
         s.hb.end_save(checkpoint_step=step)
-        if self._saves is not None:
-            self._saves.add(time.monotonic() - t0, kind, step, step)
         return final
 
 
