@@ -34,7 +34,7 @@ class AttemptFacts:
     """What the supervisor observed about one ended attempt (plain data, so tests can build it)."""
 
     returncode: Optional[int]                 # Popen convention: negative = killed by that signal
-    killed_for: Optional[str] = None          # "hang" / "startup_timeout" when we killed it
+    killed_for: Optional[Kind] = None         # Kind.HANG / Kind.STARTUP_TIMEOUT when we killed it
     stale_detail: str = ""                    # why we called it a hang
     oom_evidence: tuple[str, ...] = ()        # cgroup counter rise, kernel log lines
     error: Optional[ErrorRecord] = None       # errors/attempt-N[-rank-R].json written by the shim
@@ -74,9 +74,9 @@ def _error_text(error: ErrorRecord) -> str:
 
 def classify(f: AttemptFacts) -> tuple[Kind, str]:
     """(kind, evidence) for one ended attempt; our own kill reasons win over the exit status."""
-    if f.killed_for == "hang":
+    if f.killed_for is Kind.HANG:
         return Kind.HANG, f.stale_detail or "heartbeat stale"
-    if f.killed_for == "startup_timeout":
+    if f.killed_for is Kind.STARTUP_TIMEOUT:
         return Kind.STARTUP_TIMEOUT, f.stale_detail or "no heartbeat after start"
     if f.returncode == 0:
         return Kind.SUCCESS, "exit code 0"
