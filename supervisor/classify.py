@@ -9,7 +9,7 @@ from typing import Optional
 
 from trainer_shim.rundir import DIVERGED_ERROR_TYPE, EXIT_DIVERGED, EXIT_PREEMPTED, KIND_DIVERGED, ErrorRecord
 
-from .launch import ProcessFailure
+from .launch import ProcessFailure, RendezvousFailure
 
 __all__ = ["Kind", "AttemptFacts", "classify", "is_cuda_oom"]
 
@@ -42,7 +42,7 @@ class AttemptFacts:
     stop_requested: bool = False
     rank_failures: tuple[ProcessFailure, ...] = ()   # torchrun's summary, root cause first
     ranks_stopped: Optional[str] = None       # multi-rank: every rank's last beat is `stopping` (detail)
-    rendezvous_error: Optional[str] = None    # torchrun's last line: "RendezvousClosedError"
+    rendezvous_error: Optional[RendezvousFailure] = None   # torchrun died joining its peers
 
     @property
     def exit_code(self) -> Optional[int]:
@@ -98,9 +98,9 @@ def classify(f: AttemptFacts) -> tuple[Kind, str]:
     if f.signal is not None:
         return Kind.SIGNAL, f"killed by {_signame(f.signal)}; no OOM evidence in cgroup or kernel log"
     if f.rendezvous_error and not f.rank_failures:
-        why = (" (another node's previous attempt had not ended yet)" if f.rendezvous_error.startswith("RendezvousClosedError")
-               else "")
-        return Kind.RENDEZVOUS, f"exit code {f.exit_code}; torchrun could not join its peers: {f.rendezvous_error}{why}"
+        why = " (another node's previous attempt had not ended yet)" if f.rendezvous_error.closed else ""
+        return Kind.RENDEZVOUS, (f"exit code {f.exit_code}; torchrun could not join its peers: "
+                                 f"{f.rendezvous_error.describe()}{why}")
     ranks = f"; {', '.join(pf.describe() for pf in f.rank_failures)}" if f.rank_failures else ""
     if f.rank_failures and f.rank_failures[0].signal is not None:
         # torchrun exits 1 when a rank died of a signal: the rank's death is what happened.
