@@ -18,11 +18,12 @@ One module per idea:
     events     Event (every event name), append/read events, poisoning
     manifest   MANIFEST.json, CheckpointKind, checkpoint validation
     selection  newest valid checkpoint, the `latest` link
+    commit     the one commit protocol (tmp dir, hashed members, manifest last, rename), discard
     index      checkpoint_metadata.json, checkpoint search roots
     policies   issue 16: EXIT_DIVERGED, strict-resume env, learned-timeout file
     insight    doctor mode (RESILIENT_DOCTOR*), digest-log records, the first_step event
     frameworks HF Trainer / Lightning layouts: checkpoint-N dirs, extra roots, member names
-    snapshots  memory snapshot slots in /dev/shm: names, the owner/mode trust rule
+    snapshots  memory snapshot slots in /dev/shm: names, the owner/mode trust rule, find/persist/free
 
 Run-dir layout::
 
@@ -48,6 +49,7 @@ Run-dir layout::
                                  events, logs, errors, metrics)
 """
 
+from . import commit
 from .atomic import atomic_write_bytes, atomic_write_json, exchange, fsync_dir, read_json
 from .clock import iso_at, now_iso
 from .env import (
@@ -82,6 +84,7 @@ from .snapshots import (
     SHM_DIR, SNAPSHOT_PREFIX, SNAPSHOT_SLOTS, TABLE_SUFFIX, TENSOR_REF, TENSORS_SUFFIX, snapshot_slot_paths,
     snapshot_slot_ranks,
     untrusted_slot_reason,
+    complete_slots, free_slots, newest_complete, persist_newest, persist_slot, remove_slot,
 )
 from .stepmark import STEP_MARK_SIZE, StepMark, reached_step, read_step_mark
 from .policies import (
@@ -125,4 +128,7 @@ __all__ = [
     "snapshot_slot_paths",
     "snapshot_slot_ranks",
     "untrusted_slot_reason",
+    "complete_slots", "newest_complete", "persist_slot", "persist_newest", "free_slots", "remove_slot",
+    # the commit protocol (module)
+    "commit",
 ]

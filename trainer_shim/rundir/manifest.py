@@ -86,6 +86,10 @@ class Manifest:
         d["kind"] = self.kind.value
         return d
 
+    def to_bytes(self) -> bytes:
+        """MANIFEST.json's bytes: the one serialisation every writer commits."""
+        return (json.dumps(self.to_json(), indent=1, sort_keys=True) + "\n").encode()
+
     @classmethod
     def from_json(cls, d: Any) -> "Manifest":
         if not isinstance(d, dict):
