@@ -1,4 +1,4 @@
-"""Fast checkpoints (issue 14), side by side in one process (not a test).
+"""Fast checkpoints, side by side in one process (not a test).
 
     .venv/bin/python bench/bench_async.py [--mb 256] [--rounds 5]
 

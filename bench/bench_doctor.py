@@ -6,7 +6,7 @@ own run (not a test), side by side, each a fresh process.
 Rows: the README example (80 steps) and the word_language_model-style job (its 16-piece epochs, run
 for 60 steps by the doctor; its own run: 4 epochs = 64 steps). The script's own run is a plain
 `python SCRIPT` into a scratch run dir; doctor runs its two runs one after the other
-(--sequential) and side by side (--parallel, the default without a GPU). Goal (issue 15): doctor
+(--sequential) and side by side (--parallel, the default without a GPU). Goal: doctor
 <= 4x the script's own run time.
 """
 

@@ -1,4 +1,4 @@
-"""Costs of issue 16's per-step work, as ratios against a baseline measured side by side in one process.
+"""Costs of the smarter policies' per-step work, as ratios against a baseline measured side by side in one process.
 
 Run: .venv/bin/python bench/bench_policies.py [--steps 20000] [--rounds 5]
 

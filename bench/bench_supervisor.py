@@ -2,7 +2,7 @@
 
 - kill -9 -> first training step of the next attempt, resilient-run ÷ torchrun --max-restarts
   (same script, same shim, --backoff 0). Target <= 1.0.
-- warm restart (single-process job, issue 14): the same figure with attempt 1 training ~6 s before
+- warm restart (single-process job): the same figure with attempt 1 training ~6 s before
   its kill -9 (time for the warm interpreter to import torch), ours ÷ torchrun on the same script
   and warm-up, with our cold path (--no-prestart) beside it. Target <= 0.5.
 - a hang ends its attempt within heartbeat-timeout + 2 s (stack dump) + grace + 1 s.

@@ -20,7 +20,7 @@ JOB = REPO / "tests" / "jobs" / "toy_train.py"
 RUNS = REPO / "runs"
 sys.path.insert(0, str(REPO))
 
-from trainer_shim.rundir import EVENT_FIRST_STEP, Event, RunDir, read_events  # noqa: E402
+from trainer_shim.rundir import Event, RunDir, read_events  # noqa: E402
 
 console = Console()
 
@@ -38,7 +38,7 @@ def _detail(ev: dict) -> str:
         return f"[bold]{ev['kind']}[/bold], last step reached {ev.get('step')}: {ev.get('evidence', '')[:60]}"
     if name == Event.RESTARTING:
         return f"in {ev['delay_s']}s from {_name(ev.get('resume_from'))}"
-    if name == EVENT_FIRST_STEP:
+    if name == Event.FIRST_STEP:
         return f"the attempt's first training step: step {ev.get('step')}"
     return ", ".join(f"{k}={v}" for k, v in ev.items() if k not in ("time", "event", "attempt"))[:80]
 

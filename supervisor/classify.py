@@ -3,30 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
-import enum
 import signal
 from typing import Optional
 
-from trainer_shim.rundir import DIVERGED_ERROR_TYPE, EXIT_DIVERGED, EXIT_PREEMPTED, KIND_DIVERGED, ErrorRecord
+from trainer_shim.rundir import DIVERGED_ERROR_TYPE, EXIT_DIVERGED, EXIT_OK, EXIT_PREEMPTED, ErrorRecord, Kind
 
 from .launch import ProcessFailure, RendezvousFailure
 
+# Kind is defined by the contract (the shim and the user's script read it too); re-exported here.
 __all__ = ["Kind", "AttemptFacts", "classify", "is_cuda_oom"]
-
-
-class Kind(str, enum.Enum):
-    """How an attempt ended; every `attempt_ended` event carries exactly one."""
-
-    SUCCESS = "success"
-    PREEMPTED = "preempted"
-    OOM = "oom"                      # kernel OOM killer, with cgroup or kernel-log evidence
-    CUDA_OOM = "cuda_oom"            # torch.OutOfMemoryError in the error file
-    HANG = "hang"                    # heartbeat went stale; we killed it
-    STARTUP_TIMEOUT = "startup_timeout"
-    CRASH = "crash"                  # non-zero exit, Python exception
-    SIGNAL = "signal"                # killed by a signal, no OOM evidence
-    RENDEZVOUS = "rendezvous"        # torchrun never joined its peers; no rank ran
-    DIVERGED = KIND_DIVERGED         # the shim saw a non-finite loss and exited EXIT_DIVERGED unsaved
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,8 +63,8 @@ def classify(f: AttemptFacts) -> tuple[Kind, str]:
         return Kind.HANG, f.stale_detail or "heartbeat stale"
     if f.killed_for is Kind.STARTUP_TIMEOUT:
         return Kind.STARTUP_TIMEOUT, f.stale_detail or "no heartbeat after start"
-    if f.returncode == 0:
-        return Kind.SUCCESS, "exit code 0"
+    if f.returncode == EXIT_OK:
+        return Kind.SUCCESS, f"exit code {EXIT_OK}"
     if f.returncode == EXIT_PREEMPTED:
         return Kind.PREEMPTED, f"exit code {EXIT_PREEMPTED} after a preempt checkpoint"
     if f.ranks_stopped and f.returncode is not None and f.returncode > 0:

@@ -177,4 +177,4 @@ def main(argv: Optional[list[str]] = None) -> None:
             rc = EXIT_USAGE
         else:
             raise
-    sys.exit(rc if isinstance(rc, int) else 0)
+    sys.exit(rc if isinstance(rc, int) else EXIT_OK)

@@ -17,6 +17,8 @@ from typing import Any, Callable, Optional, Union
 
 import yaml
 
+from trainer_shim.rundir import EXIT_REFUSED
+
 from .errors import ConfigError
 
 __all__ = ["Config", "DEFAULTS", "load_config_file", "build_config", "parse_size", "parse_exit_codes"]
@@ -40,7 +42,7 @@ class Config:
     save_timeout: float = 1800.0      # allowance of phase `saving` without progress
     grace_period: float = 30.0        # SIGTERM to SIGKILL
     memory_limit: Optional[int] = None  # bytes; puts the child tree in its own memory cgroup
-    no_restart_exit_codes: tuple[int, ...] = (2,)
+    no_restart_exit_codes: tuple[int, ...] = (EXIT_REFUSED,)  # a refusal of the trainer: retrying cannot help
     crash_loop_attempts: int = 3      # attempts without progress before the checkpoint is poisoned
     env: tuple[tuple[str, str], ...] = ()
     working_dir: Optional[str] = None

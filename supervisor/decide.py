@@ -1,4 +1,4 @@
-"""What to do after an attempt ends: one typed verdict from the issue-16 judgements (divergence
+"""What to do after an attempt ends: one typed verdict from the policy judgements (divergence
 fallback, per-kind budgets, refused resumes) followed by the generic restart policy."""
 
 from __future__ import annotations

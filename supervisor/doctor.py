@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 from typing import Optional, Union
 
-from trainer_shim.rundir import (ENV_DOCTOR, ENV_DOCTOR_FAULTS, ENV_DOCTOR_STEPS, ENV_RUN_DIR, FAULT_KILL, FAULT_RAISE,
-                                 MARK_BATCH, MARK_STEP)
+from trainer_shim.rundir import (ENV_DOCTOR, ENV_DOCTOR_FAULTS, ENV_DOCTOR_STEPS, ENV_RUN_DIR, EXIT_DOCTOR_FAILED,
+                                 EXIT_EXACT, EXIT_OK, EXIT_NOT_EXACT, FAULT_KILL, FAULT_RAISE, MARK_BATCH, MARK_STEP)
 
 __all__ = ["DoctorResult", "Divergence", "run_doctor", "compare", "read_log", "DEFAULT_STEPS", "DEFAULT_KILL_AT",
            "EXIT_EXACT", "EXIT_NOT_EXACT", "EXIT_DOCTOR_FAILED"]
@@ -28,7 +28,6 @@ __all__ = ["DoctorResult", "Divergence", "run_doctor", "compare", "read_log", "D
 DEFAULT_STEPS = 60
 _GPU_NODES = ("/dev/nvidiactl", "/dev/kfd")
 DEFAULT_KILL_AT = (17, 41)
-EXIT_EXACT, EXIT_NOT_EXACT, EXIT_DOCTOR_FAILED = 0, 1, 3
 
 # Blame order at the first divergent step: causes before their consequences.
 _BLAME = ("uncaptured.", "rng.", "batch", "data", "run.state", "extra.", "scheduler", "scaler", "optimizer",
@@ -243,7 +242,7 @@ def run_doctor(job: list[str], steps: int = DEFAULT_STEPS, kill_at: tuple[int, .
         res.seconds = round(time.monotonic() - t0, 3)
         for name, (rc, secs) in results.items():
             setattr(res, f"{name}_seconds", round(secs, 3))
-            if rc != 0:
+            if rc != EXIT_OK:
                 tail = (scratch / f"{name}.log").read_text(errors="replace").strip().splitlines()[-1:]
                 res.error = f"the {name} run failed (exit {rc}): {tail[0] if tail else 'no output'}"
                 return res

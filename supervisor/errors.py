@@ -1,13 +1,12 @@
-"""Exceptions of the supervisor; one base class, shallow families, each carrying its exit code."""
+"""Exceptions of the supervisor; one base class, shallow families, each carrying its exit code.
+
+The exit codes themselves are defined with every other exit code in the contract
+(trainer_shim.rundir.exits); they are re-exported here for the supervisor's modules.
+"""
 
 from __future__ import annotations
 
-# Exit codes of `resilient-run run` (and the other commands where noted).
-EXIT_OK = 0
-EXIT_GAVE_UP = 1          # restarts exhausted, non-retryable exit, crash loop with nothing older
-EXIT_USAGE = 2            # bad usage, config or run dir; `status` on a path that is not a run dir
-EXIT_LOCKED = 3           # another live supervisor holds the run dir
-EXIT_STOPPED = 75         # stopped on request after the child saved: resumable
+from trainer_shim.rundir import EXIT_GAVE_UP, EXIT_LOCKED, EXIT_OK, EXIT_STOPPED, EXIT_USAGE
 
 __all__ = ["SupervisorError", "ConfigError", "RunDirError", "LockedError",
            "EXIT_OK", "EXIT_GAVE_UP", "EXIT_USAGE", "EXIT_LOCKED", "EXIT_STOPPED"]

@@ -38,7 +38,7 @@ def export_checkpoint(ckpt_dir: Path, out: Path, fmt: str = "torch", model_only:
     if model_only:
         argv.append("--model-only")
     p = subprocess.run(argv, capture_output=True, text=True)
-    if p.returncode != 0:
+    if p.returncode != rundir.EXIT_OK:
         lines = [ln for ln in p.stderr.strip().splitlines() if ln.strip()]
         raise SupervisorError((lines[-1] if lines else f"export failed with exit code {p.returncode}")
                               .removeprefix("trainer_shim.export: "))

@@ -24,15 +24,12 @@ import difflib
 import re
 from typing import Any, Mapping, Optional, Sequence
 
-from trainer_shim.rundir import KIND_DIVERGED
-
 from .classify import Kind
 from .errors import ConfigError
 
 __all__ = ["KindRule", "parse_policy", "render_args", "apply_rule", "option_values", "check_templates", "POLICY_KINDS"]
 
-POLICY_KINDS = tuple(k.value for k in Kind if k is not Kind.SUCCESS) + (
-    (KIND_DIVERGED,) if KIND_DIVERGED not in {k.value for k in Kind} else ())
+POLICY_KINDS = tuple(k.value for k in Kind if k is not Kind.SUCCESS)
 _RULE_KEYS = ("max_restarts", "env", "args")
 _TEMPLATE = re.compile(r"\{([^{}]*)\}")
 _EXPR = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(?:(//|[-+*/])\s*(\d+(?:\.\d+)?)\s*)?$")

@@ -19,7 +19,6 @@ import math
 from collections import deque
 from typing import Optional
 
-from trainer_shim.rundir import LEARNED_TIMEOUTS_FILE
 from trainer_shim.rundir import ContractError, RunDir, atomic_write_json, read_json
 
 __all__ = ["FACTOR", "MIN_SAMPLES", "KEEP", "Limit", "TimeoutLearner", "p99"]
@@ -45,7 +44,7 @@ class Limit:
 
 class TimeoutLearner:
     def __init__(self, rd: RunDir, floor: float) -> None:
-        self.path = rd.root / LEARNED_TIMEOUTS_FILE
+        self.path = rd.learned_timeouts
         self.floor = float(floor)
         self.samples: dict[str, deque] = {}
         self._dirty = False

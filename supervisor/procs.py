@@ -17,6 +17,8 @@ from typing import BinaryIO, Optional
 
 import psutil
 
+from trainer_shim.rundir import EXIT_SUPERVISOR_GONE
+
 from .messages import PREFIX
 
 __all__ = ["Child", "ProcessIdentity", "spawn", "identity_of", "matches", "kill_tree", "signal_pid", "tree"]
@@ -197,7 +199,7 @@ def _preexec(cgroup_procs: Optional[str]) -> Callable[[], None]:
         if _libc is not None:
             _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if os.getppid() != parent:
-            os._exit(111)  # the supervisor died between fork and prctl
+            os._exit(EXIT_SUPERVISOR_GONE)  # the supervisor died between fork and prctl
         if adj is not None:
             try:
                 fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY)

@@ -7,7 +7,7 @@ import dataclasses
 import datetime as _dt
 from typing import Optional
 
-from trainer_shim.rundir import EVENT_FIRST_STEP, HeartbeatRecord, RunDir
+from trainer_shim.rundir import Event, HeartbeatRecord, RunDir
 
 from .report import build_report
 
@@ -35,7 +35,7 @@ def progress_of(rd: RunDir, hb: Optional[HeartbeatRecord], events: list[dict], *
     step = hb.step if hb else None
     total = hb.total_steps if hb else None
     rate = eta = None
-    first = next((e for e in reversed(events) if e.get("event") == EVENT_FIRST_STEP
+    first = next((e for e in reversed(events) if e.get("event") == Event.FIRST_STEP
                   and hb is not None and e.get("attempt") == hb.attempt), None)
     t_hb, t_first = _t(hb.time if hb else None), _t(first.get("time") if first else None)
     if first is not None and step is not None and t_hb and t_first and t_hb > t_first and step > first["step"]:

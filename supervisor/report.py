@@ -14,7 +14,7 @@ import datetime as _dt
 from collections import Counter
 from typing import Optional
 
-from trainer_shim.rundir import (EVENT_CHECKPOINT_SAVED, EVENT_FIRST_STEP, Event, RunDir, parse_checkpoint_name,
+from trainer_shim.rundir import (Event, RunDir, parse_checkpoint_name,
                                  read_events, read_index)
 
 from .classify import Kind
@@ -82,9 +82,9 @@ def _by_attempt(events: list[dict]) -> dict[int, dict]:
             a["started"] = ev
         elif name == Event.ATTEMPT_ENDED:
             a["ended"] = ev
-        elif name == EVENT_FIRST_STEP and "first" not in a:
+        elif name == Event.FIRST_STEP and "first" not in a:
             a["first"] = ev
-        elif name == EVENT_CHECKPOINT_SAVED:
+        elif name == Event.CHECKPOINT_SAVED:
             a["saves"].append(ev)
     return {n: a for n, a in attempts.items() if "started" in a}
 

@@ -1,4 +1,4 @@
-"""Issue-16 decisions around each ended attempt: divergence fallback, per-kind budgets, policy actions.
+"""Decisions around each ended attempt: divergence fallback, per-kind budgets, policy actions.
 
 Plain state and plain results; the supervisor (agent.py) only emits what `judge` and `apply`
 return. Kept apart from policy.RestartPolicy, which stays the generic backoff/crash-loop rule.
@@ -36,7 +36,7 @@ class Judgement:
 
 
 class SmartRestarts:
-    """The current argv/env of attempts (as policy actions changed them) and the issue-16 verdicts."""
+    """The current argv/env of attempts (as policy actions changed them) and the policy verdicts."""
 
     def __init__(self, config: Config) -> None:
         self.config = config

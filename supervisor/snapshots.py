@@ -1,4 +1,4 @@
-"""The supervisor's part of memory snapshots (issue 14): it outlives the trainer, so it keeps
+"""The supervisor's part of memory snapshots: it outlives the trainer, so it keeps
 the shared-memory slots across a restart, persists the newest one to checkpoints/ when the
 trainer died before writing it (torch-free: a verified byte copy), and frees them at the end."""
 

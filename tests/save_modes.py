@@ -1,4 +1,4 @@
-"""Save modes for the bit-exactness and fault tests (issue 14): the same tests, with async saves
+"""Save modes for the bit-exactness and fault tests: the same tests, with async saves
 and memory snapshots. `make test` runs a representative subset; the full matrix needs
 RRTEST_LONG_FAULTS=1 (`make test-faults`)."""
 

@@ -6,6 +6,7 @@ torch-using API is loaded on first use of `init`, `load` or `Run`. One module pe
 contract        rundir/      the run-dir contract both sides import (torch-free): layout, env, records,
                              events, manifest, selection of the newest valid checkpoint, step marks
 the API         run          `init()` -> Run: a facade over the modules below; options (init's keywords)
+                engine       the collaborators saving/restoring/async saves share (Engine, Reporter, say)
                 hooks        signals (stop flag, stack dumps, fork tie) + excepthook, install/uninstall
                 heartbeat    the heartbeat file, written by a background thread
                 cursor, data the data cursor: epochs/batches, mid-epoch resume by index; rng: every RNG
@@ -28,14 +29,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from . import rundir
-from .errors import CheckpointError, ShimError
+from .errors import CheckpointError, ConfigError, ShimError
 
-__all__ = ["init", "load", "Run", "ShimError", "CheckpointError", "rundir"]
+# What a training script relies on; every other module is the engine's inside (no stability promise).
+__all__ = ["init", "load", "Run", "LoadResult", "ShimError", "CheckpointError", "ConfigError", "rundir"]
 
 if TYPE_CHECKING:  # pragma: no cover
+    from .loading import LoadResult
     from .run import Run, init, load
 
-_LAZY = {"init": "run", "load": "run", "Run": "run"}
+_LAZY = {"init": "run", "load": "run", "Run": "run", "LoadResult": "loading"}
 
 
 def __getattr__(name: str) -> Any:

@@ -24,26 +24,20 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import os
-import sys
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from collections.abc import Iterator
+from typing import Any, Callable, Optional
 
 from . import checkpoint as ckpt
 from . import distributed, restoring, rundir, saving, snapshot_store
-from .errors import CheckpointError, CollectiveTimeout
+from .engine import Trained, say
+from .errors import CollectiveTimeout
 from .memory_snapshot import SlotError, Slots
 from .rundir import CheckpointInfo, CheckpointKind, Event, InvalidCheckpoint
 
-if TYPE_CHECKING:
-    from .run import Run
-
 DRAIN_GRACE = 30.0  # seconds finish()/SIGTERM/exceptions wait for an in-flight save
-
-
-def _say(msg: str) -> None:
-    print(f"trainer_shim: {msg}", file=sys.stderr, flush=True)
 
 
 @dataclasses.dataclass
@@ -56,29 +50,32 @@ class _Job:
 
 
 class FastSaver:
-    """Owned by a single-process Run; see the module docstring for the policy."""
+    """Owned by a Run's engine (`engine.fast`); see the module docstring for the policy."""
 
-    def __init__(self, run: "Run", *, async_save: bool, memory_every: Optional[int],
+    def __init__(self, run: Trained, save_now: Callable[[CheckpointKind], Any], *, async_save: bool,
+                 memory_every: Optional[int],
                  grace: float = DRAIN_GRACE) -> None:
         self.run = run
+        self.save_now = save_now          # the run's synchronous save (after a drain), when a slot cannot take it
         self.async_save = async_save
         self.memory_every = memory_every
         self.grace = grace
-        self.world = run._group.world_size
+        self.world = run.engine.group.world_size
         self.slots = Slots(run.rd, run.rank if self.world > 1 else 0)
         for path, why in self.slots.prepare():  # SlotError: the caller turns fast saves off
-            _say(f"warning: memory snapshot {path} not trusted ({why}); replaced")
-            run._event(Event.CHECKPOINT_REJECTED, path=str(path), reason=f"memory snapshot not trusted: {why}")
+            say(f"warning: memory snapshot {path} not trusted ({why}); replaced")
+            run.engine.event(Event.CHECKPOINT_REJECTED, path=str(path), reason=f"memory snapshot not trusted: {why}")
         self._cv = threading.Condition()
         self._job: Optional[_Job] = None
         self._pinned_complete = False
         self._warnings: list[str] = []
         self._skip_reported = False
         self._closed = False
+        self._offered: Any = None  # (slot info, same disk checkpoint or None) the restore loop is trying
         self._fatal: Optional[BaseException] = None  # the writer group failed: ends the process at run.step()
         # Multi-rank: the writer threads commit together over a gloo group of their own (every rank
         # creates it here, in the same order); the training thread keeps the run's group.
-        self.wgroup = distributed.Dist(run._group.timeout) if self.world > 1 and async_save else None
+        self.wgroup = distributed.Dist(run.engine.group.timeout) if self.world > 1 and async_save else None
         self._thread = threading.Thread(target=self._loop, daemon=True, name="trainer_shim-async-save")
         self._thread.start()
         atexit.register(self.drain)
@@ -96,17 +93,17 @@ class FastSaver:
         memory_due = bool(self.memory_every and step % self.memory_every == 0)
         if disk_due and self.async_save:
             # A due memory snapshot is this save's slot, finalized before run.step() returns.
-            with self.run._saves.stall(CheckpointKind.STEP):  # the stall only, not the background write
+            with self.run.engine.saves.stall(CheckpointKind.STEP):  # the stall only, not the background write
                 self.save_async(CheckpointKind.STEP, finalize_now=memory_due)
             return
         # The memory snapshot first (a memory copy): a kill during the synchronous disk save then
         # resumes at this step, not at the previous snapshot. The other order made every kill
         # inside the save lose the step again, and three in a row read as a crash loop (poisoned).
         if memory_due:
-            with self.run._saves.stall(CheckpointKind.STEP, event=False):
+            with self.run.engine.saves.stall(CheckpointKind.STEP, event=False):
                 self.memory_snapshot()
         if disk_due:
-            self.run._save(CheckpointKind.STEP)
+            self.save_now(CheckpointKind.STEP)
 
     def report(self) -> None:
         """run.step(): the writers' fatal error, else their warnings."""
@@ -118,14 +115,14 @@ class FastSaver:
         with self._cv:
             msgs, self._warnings = self._warnings, []
         for m in msgs:
-            _say(f"warning: {m}; training continues")
+            say(f"warning: {m}; training continues")
 
     def save_async(self, kind: CheckpointKind, finalize_now: bool = False) -> None:
         run = self.run
-        run._last_save_t = time.monotonic()
+        run.engine.last_save_t = time.monotonic()
         existing = saving.reusable(run, run.global_step, True) if self.world == 1 else None  # N ranks: the writers decide
         if existing is not None:
-            run._retention.upgrade_kind(existing, kind)
+            run.engine.retention.upgrade_kind(existing, kind)
             return
         with self._cv:
             while self._job is not None:  # at most one in flight: a due disk save waits
@@ -134,9 +131,9 @@ class FastSaver:
         snap = self._fill(idx, kind, staged=not finalize_now)
         ok = snap is not None and (not finalize_now or self._finalize(idx, snap))
         if self.world > 1:  # every rank's writer takes part in the commit, or none does
-            ok = not run._group.agree(not ok, False)[0]
+            ok = not run.engine.group.agree(not ok, False)[0]
         if not ok or snap is None:
-            run._save(kind)  # a slot failed (e.g. /dev/shm full): save synchronously instead
+            self.save_now(kind)  # a slot failed (e.g. /dev/shm full): save synchronously instead
             return
         self._submit(_Job(idx, snap, persist=True, finalized=finalize_now, staged=not finalize_now))
 
@@ -147,7 +144,7 @@ class FastSaver:
             if idx is None:
                 if not self._skip_reported:
                     self._skip_reported = True
-                    self.run._event(Event.SAVE_SKIPPED, step=self.run.global_step, target="memory",
+                    self.run.engine.event(Event.SAVE_SKIPPED, step=self.run.global_step, target="memory",
                                     reason="the writer is still finalizing the other slot")
                 return
         snap = self._fill(idx, CheckpointKind.STEP)
@@ -178,8 +175,8 @@ class FastSaver:
     def _fail_slot(self, idx: int, e: BaseException) -> None:
         path = self.slots.slots[idx].path
         self.slots.slots[idx].invalidate()
-        _say(f"warning: memory snapshot at step {self.run.global_step} failed in {path}: {e}; training continues")
-        self.run._event(Event.CHECKPOINT_FAILED, path=str(path), error=f"{type(e).__name__}: {e}")
+        say(f"warning: memory snapshot at step {self.run.global_step} failed in {path}: {e}; training continues")
+        self.run.engine.event(Event.CHECKPOINT_FAILED, path=str(path), error=f"{type(e).__name__}: {e}")
 
     def _submit(self, job: _Job) -> None:
         with self._cv:
@@ -210,24 +207,60 @@ class FastSaver:
         if free:
             self.slots.free()
 
-    # --- restore ---------------------------------------------------------------------------------
+    # --- restore ----------------------------------------------------------------------------------
 
-    def restore_first(self, requested: Optional[str]) -> bool:
-        """Before the disk restore: resume from memory if a slot is at least as new as the disk pick."""
+    def before_restore(self) -> Optional["FastSaver"]:
+        """The memory source for restoring.restore (one process), or None after N ranks' slots
+        were merged to disk (the disk restore then picks them)."""
         if self.world > 1:
             self._persist_merged()
-            return False
-        disk: Optional[CheckpointInfo] = None
+            return None
+        return self
+
+    def candidates(self, requested: Optional[str]) -> Iterator[Path]:
+        """The complete slots, newest first, while one is newer than the disk pick (or the same
+        checkpoint: same step and digests); restoring.restore tries them before the disk."""
+        run = self.run
+        disk = self._disk_pick(requested)
+        disk_step = disk.step if disk is not None else -1
+        for info in snapshot_store.complete_slots(run.rd.root, run.rd.node,
+                                                  on_reject=lambda p, r: restoring.reject(run, p, r)):
+            same = disk is not None and info.step == disk.step and info.manifest.files == disk.manifest.files
+            if info.step < disk_step or (info.step == disk_step and not same):
+                return
+            # Every digest is checked as it loads: the small members against the manifest, each
+            # tensor against its table as it is read into the live state (raw_tensors: a bad one
+            # is overwritten by the fallback, or ends the attempt when none is left).
+            self._offered = (info, disk if same else None)
+            yield info.path
+
+    def _disk_pick(self, requested: Optional[str]) -> Optional[CheckpointInfo]:
         if requested == rundir.RESUME_NONE:
-            pass
-        elif requested:
+            return None
+        if requested:
             try:
-                disk = rundir.inspect_checkpoint(Path(requested))
+                return rundir.inspect_checkpoint(Path(requested))
             except InvalidCheckpoint:
-                disk = None
+                return None
+        return rundir.newest_valid(self.run.search_dirs)
+
+    def loaded(self, path: Path) -> None:
+        """The restore loop resumed from slot `path`: keep it, and persist it when it is not on disk."""
+        info, disk = self._offered
+        say(f"resumed from memory step {info.step}")
+        self.slots.adopt(info.path)
+        if disk is not None:
+            self.run.resumed_from = str(disk.path)
         else:
-            disk = rundir.newest_valid(self.run.search_dirs)
-        return self.try_restore(disk.step if disk is not None else -1, disk)
+            m = info.manifest
+            self._submit(_Job(self.slots.newest, ckpt.Snapshot({}, info.step, m.epoch,  # type: ignore[arg-type]
+                              m.batch_in_epoch, m.kind, m.loss, background=True),
+                              persist=True, finalized=True))
+
+    def dropped(self, path: Path) -> None:
+        """The restore loop refused slot `path`: never picked again (by a later attempt or the
+        supervisor's persist), it is no longer complete."""
+        (path / rundir.MANIFEST_NAME).unlink(missing_ok=True)
 
     def _persist_merged(self) -> None:
         """N ranks: every rank's slot of the newest step they all hold goes to disk as one
@@ -237,42 +270,11 @@ class FastSaver:
             try:
                 done = snapshot_store.persist_newest(run.rd, on_reject=lambda p, r: restoring.reject(run, p, r))
             except (OSError, rundir.ContractError) as e:
-                _say(f"warning: cannot persist the memory snapshot: {e}")
+                say(f"warning: cannot persist the memory snapshot: {e}")
                 done = None
             if done is not None:
-                _say(f"persisted memory snapshot of step {done[1].global_step} to {done[0]}")
-        run._group.barrier("memory snapshot persisted")
-
-    def try_restore(self, disk_step: int, disk: Optional[CheckpointInfo]) -> bool:
-        """Resume from the newest complete slot when it is newer than `disk_step` (or the same
-        checkpoint: same step and digests); persist it in the background when it is not on disk."""
-        run = self.run
-        for info in snapshot_store.complete_slots(run.rd.root, run.rd.node,
-                                                  on_reject=lambda p, r: restoring.reject(run, p, r)):
-            same = disk is not None and info.step == disk.step and info.manifest.files == disk.manifest.files
-            if info.step < disk_step or (info.step == disk_step and not same):
-                return False
-            try:
-                # Every digest: the small members against the manifest, each tensor against its
-                # table as it is read into the live state (raw_tensors: a bad one is overwritten
-                # by the fallback, or ends the attempt when none is left).
-                restoring._apply(run, info.path, verify=True)
-            except CheckpointError as e:
-                restoring.reject(run, info.path, str(e))
-                # Never picked again (by a later attempt or the supervisor's persist): not complete.
-                (info.path / rundir.MANIFEST_NAME).unlink(missing_ok=True)
-                continue
-            _say(f"resumed from memory step {info.step}")
-            self.slots.adopt(info.path)
-            if same:
-                run.resumed_from = str(disk.path)  # type: ignore[union-attr]
-            else:
-                self._submit(_Job(self.slots.newest, ckpt.Snapshot({}, info.step, info.manifest.epoch,  # type: ignore[arg-type]
-                                  info.manifest.batch_in_epoch, info.manifest.kind, info.manifest.loss,
-                                  background=True),
-                                  persist=True, finalized=True))
-            return True
-        return False
+                say(f"persisted memory snapshot of step {done[1].global_step} to {done[0]}")
+        run.engine.group.barrier("memory snapshot persisted")
 
     # --- writer thread ---------------------------------------------------------------------------
 
@@ -321,11 +323,11 @@ class FastSaver:
         twice. N ranks commit together over the writers' group; one process over its no-op group."""
         run = self.run
 
-        def copy(run: "Run", tmp: Path, snap: ckpt.Snapshot) -> saving.Report:
+        def copy(run: Trained, tmp: Path, snap: ckpt.Snapshot) -> saving.Report:
             mine: dict[str, tuple[int, str]] = {}
             try:
                 for rel, ent in sorted(info.manifest.files.items()):
-                    size = snapshot_store.copy_member(rundir.safe_member(info.path, rel), tmp / rel, run._on_progress)
+                    size = snapshot_store.copy_member(rundir.safe_member(info.path, rel), tmp / rel, run.engine.on_progress)
                     mine[rel] = (size, ent.xxh3_128)
             except OSError as e:
                 return mine, f"rank {run.rank}: cannot write {tmp}: {ckpt.describe_os_error(e)}", set()
@@ -337,40 +339,41 @@ class FastSaver:
         if outcome.error is not None:  # each root's failure is an event already (background: true)
             self._fail(job, outcome.error, event=False)
         elif outcome.committed:
-            run._last_size = outcome.nbytes
+            run.engine.last_size = outcome.nbytes
             run.checkpoint_step = job.snap.global_step
-            run._hb.fields["checkpoint_step"] = job.snap.global_step
+            run.engine.hb.fields["checkpoint_step"] = job.snap.global_step
 
     def _fail(self, job: _Job, error: str, event: bool = True) -> None:
         path = self.run.rd.checkpoints / rundir.checkpoint_name(job.snap.global_step)
         if event:
-            self.run._event(Event.CHECKPOINT_FAILED, path=str(path), error=error, background=True)
+            self.run.engine.event(Event.CHECKPOINT_FAILED, path=str(path), error=error, background=True)
         with self._cv:
             self._warnings.append(f"background checkpoint at step {job.snap.global_step} failed: {error}")
 
 
-def make(run: "Run", async_save: bool, memory_every: Optional[int]) -> Optional[FastSaver]:
+def make(run: Trained, save_now: Callable[[CheckpointKind], Any], async_save: bool,
+         memory_every: Optional[int]) -> Optional[FastSaver]:
     """The saver for init(async_save=..., memory_every_steps=...), or None: saves stay synchronous."""
     if not async_save and not memory_every:
         return None
     if run.sharded:
-        _say("warning: async_save/memory_every_steps are not supported for sharded (DCP) saves yet; "
+        say("warning: async_save/memory_every_steps are not supported for sharded (DCP) saves yet; "
              "this run saves synchronously")
         return None
     if memory_every and run.world_size > 1 and distributed.env_int("LOCAL_WORLD_SIZE", 0) != run.world_size:
         # Another node's ranks keep their slots in their own /dev/shm: no process sees a whole snapshot.
-        _say("warning: memory_every_steps is single-node only; memory snapshots are off for this run")
+        say("warning: memory_every_steps is single-node only; memory snapshots are off for this run")
         memory_every = None
         if not async_save:
             return None
     try:
-        return FastSaver(run, async_save=async_save, memory_every=memory_every)
+        return FastSaver(run, save_now, async_save=async_save, memory_every=memory_every)
     except SlotError as e:
-        _say(f"warning: memory snapshots off: {e}; this run saves synchronously")
-        run._event(Event.CHECKPOINT_REJECTED, path=str(e.path), reason=f"memory snapshot not trusted: {e}")
+        say(f"warning: memory snapshots off: {e}; this run saves synchronously")
+        run.engine.event(Event.CHECKPOINT_REJECTED, path=str(e.path), reason=f"memory snapshot not trusted: {e}")
         try:  # our own other slot: to disk if it is newer, then gone
             snapshot_store.persist_newest(run.rd)
         except (OSError, rundir.ContractError) as err:
-            _say(f"warning: cannot persist the memory snapshot: {err}")
+            say(f"warning: cannot persist the memory snapshot: {err}")
         snapshot_store.free(run.rd.root, run.rd.node)
         return None

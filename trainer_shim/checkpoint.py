@@ -12,14 +12,13 @@ import dataclasses
 import errno
 import os
 import shutil
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
 
-from . import raw_tensors, rundir, snapshot_store
+from . import raw_tensors, rundir
 from .errors import CheckpointError
 from .rundir import CheckpointKind, FileEntry, Manifest
 
@@ -153,12 +152,11 @@ def write_checkpoint(ckpt_root: Path, snap: Snapshot, *, meta: dict[str, Any],
     `saving.save`. Returns (committed dir, manifest, bytes); CheckpointError on failure (tmp removed).
     """
     root = Path(ckpt_root)
-    tmp = root / f"{rundir.TMP_PREFIX}{rundir.checkpoint_name(snap.global_step)}"
+    name = rundir.checkpoint_name(snap.global_step)
+    tmp = rundir.commit.tmp_dir(root, name)
     files: dict[str, tuple[int, str]] = {}
     with _discarding(tmp, "write"):
-        root.mkdir(mode=rundir.RUN_DIR_MODE, parents=True, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(mode=rundir.RUN_DIR_MODE)
+        rundir.commit.fresh_tmp_dir(root, name)
         for fname, obj in snap.files.items():
             base = sum(size for size, _ in files.values())
             files[fname] = write_member(tmp, fname, obj, lambda n: progress(base + n))
@@ -178,19 +176,11 @@ def _discarding(tmp: Path, verb: str) -> Iterator[None]:
         raise
 
 
-def _manifest(snap: Snapshot, files: dict[str, FileEntry], meta: dict[str, Any], world_size: int = 1) -> Manifest:
-    return Manifest(
-        global_step=snap.global_step, epoch=snap.epoch, batch_in_epoch=snap.batch_in_epoch,
-        kind=snap.kind, loss=snap.loss, created_at=rundir.now_iso(), files=files, exact=snap.exact,
-        torch_version=torch.__version__, python_version=sys.version.split()[0],
-        git_commit=meta.get("git_commit"), git_dirty=meta.get("git_dirty"), world_size=world_size,
-        sharded=snap.sharded, args_hash=meta.get("args_hash"),
-    )
-
-
-def _commit(tmp: Path, final: Path, manifest: Manifest) -> None:
-    """The one commit protocol (manifest last, rename, fsync dir, `latest`): snapshot_store.commit_dir."""
-    snapshot_store.commit_dir(tmp, final, snapshot_store.manifest_bytes(manifest), manifest.exact)
+def manifest_of(snap: Snapshot, files: dict[str, FileEntry], meta: dict[str, Any], world_size: int = 1) -> Manifest:
+    """The manifest of `snap` holding `files` (a disk checkpoint, or one rank's memory slot)."""
+    return Manifest.create(files, step=snap.global_step, epoch=snap.epoch, batch_in_epoch=snap.batch_in_epoch,
+                           kind=snap.kind, loss=snap.loss, meta=meta, exact=snap.exact, world_size=world_size,
+                           sharded=snap.sharded)
 
 
 def describe_os_error(e: OSError) -> str:
@@ -274,8 +264,8 @@ def commit_members(ckpt_root: Path, tmp: Path, snap: Snapshot, files: dict[str, 
             if (tmp / fname).stat().st_size != size:
                 raise CheckpointError(f"{tmp / fname} has not the size its rank reported")
         entries = {f: FileEntry(size, dig) for f, (size, dig) in sorted(files.items())}
-        manifest = _manifest(snap, entries, meta, world_size)
-        _commit(tmp, final, manifest)
+        manifest = manifest_of(snap, entries, meta, world_size)
+        rundir.commit.commit_dir(tmp, final, manifest.to_bytes(), repoint=manifest.exact)
     return final, manifest
 
 

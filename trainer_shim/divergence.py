@@ -24,10 +24,16 @@ import traceback
 from typing import Any
 
 from . import rundir
-from .rundir import DIVERGED_ERROR_TYPE, EXIT_DIVERGED, ON_NONFINITE_CHOICES, Event
+from .engine import say
+from .rundir import DIVERGED_ERROR_TYPE, EXIT_DIVERGED, Event
 from .errors import ConfigError
+from .hooks import write_error_record
 
-__all__ = ["DIVERGED_ERROR_TYPE", "check_mode", "is_nonfinite", "nonfinite", "stop_diverged", "note_skip"]
+__all__ = ["DIVERGED_ERROR_TYPE", "ON_NONFINITE_CHOICES", "check_mode", "is_nonfinite", "nonfinite", "stop_diverged",
+           "note_skip"]
+
+# init(on_nonfinite=...): end the attempt unsaved, carry on, or leave the step uncounted.
+ON_NONFINITE_CHOICES = ("raise", "ignore", "skip")
 
 
 
@@ -59,18 +65,14 @@ def stop_diverged(run: Any, value: float) -> None:
     step = run.global_step + 1   # the step that produced the loss (not counted)
     msg = (f"non-finite loss {value!r} at step {step}; nothing saved, exiting {EXIT_DIVERGED} "
            f"(init(on_nonfinite='skip'|'ignore') to train through it)")
-    rec = {"type": DIVERGED_ERROR_TYPE, "message": msg, "traceback": "".join(traceback.format_stack(limit=8)),
-           "step": step, "time": rundir.now_iso(), "loss": repr(value), "resumed_from": run.resumed_from}
-    efile = run.rd.error_file(run.attempt, run.rank if run.world_size > 1 else 0)
-    try:
-        rundir.atomic_write_json(efile, rec)
-    except OSError as e:
-        _say(f"warning: cannot write {efile}: {e}")
+    write_error_record(run.rd, run.attempt, run.rank if run.world_size > 1 else 0, rundir.ErrorRecord(
+        type=DIVERGED_ERROR_TYPE, message=msg, traceback="".join(traceback.format_stack(limit=8)), step=step,
+        time=rundir.now_iso(), loss=repr(value), resumed_from=run.resumed_from))
     if run.rank == 0:
-        run._event(Event.DIVERGED, step=step, loss=repr(value), resumed_from=run.resumed_from)
-    _say(msg)
-    run._finished = True   # no emergency checkpoint of the bad state from any exit path
-    run._hb.stop()
+        run.engine.event(Event.DIVERGED, step=step, loss=repr(value), resumed_from=run.resumed_from)
+    say(msg)
+    run.engine.finished = True   # no emergency checkpoint of the bad state from any exit path
+    run.engine.hb.stop()
     try:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -82,10 +84,5 @@ def stop_diverged(run: Any, value: float) -> None:
 def note_skip(run: Any, value: float) -> None:
     run.skipped_steps += 1
     if run.skipped_steps == 1:
-        _say(f"non-finite loss {value!r} after step {run.global_step}: step skipped (on_nonfinite='skip'); "
+        say(f"non-finite loss {value!r} after step {run.global_step}: step skipped (on_nonfinite='skip'); "
              "later skips are counted in run.skipped_steps")
-
-
-def _say(msg: str) -> None:
-    sys.stderr.write(f"trainer_shim: {msg}\n")
-    sys.stderr.flush()

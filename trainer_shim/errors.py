@@ -1,8 +1,12 @@
-"""Exceptions raised by trainer_shim; one base class, shallow families."""
+"""Exceptions raised by trainer_shim; one base class, shallow families.
 
+The base, ShimError, lives in the torch-free contract (rundir.errors) so that the contract's own
+errors derive from it too; it is re-exported here.
+"""
 
-class ShimError(Exception):
-    """Base class of every error trainer_shim raises."""
+from .rundir.errors import ShimError
+
+__all__ = ["ShimError", "CheckpointError", "ConfigError", "CollectiveTimeout", "WorldSizeMismatch"]
 
 
 class CheckpointError(ShimError):

@@ -30,10 +30,10 @@ import torch
 from . import checkpoint as ckpt
 from . import rundir
 from .errors import CheckpointError
+from .rundir import EXIT_BAD_INPUT, EXIT_OK
 
 __all__ = ["export", "flatten", "main"]
 
-EXIT_BAD_INPUT = 2
 
 
 def flatten(obj: Any, prefix: str = "") -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"trainer_shim.export: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     print(json.dumps(s))
-    return 0
+    return EXIT_OK
 
 
 if __name__ == "__main__":

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import os
 import sys
+import traceback
 from types import TracebackType
 from typing import Any, Callable, Optional
 
 from . import signals
-from .rundir import RunDir
+from .rundir import ErrorRecord, RunDir, atomic_write_json, now_iso
 
-__all__ = ["ProcessHooks"]
+__all__ = ["ProcessHooks", "write_error_record", "record_exception"]
 
 OnException = Callable[[type, BaseException, Optional[TracebackType]], None]
 
@@ -34,12 +35,14 @@ class ProcessHooks:
         self._undo: list[Callable[[], None]] = []
 
     def install(self, rd: RunDir, on_exception: OnException, optimizer: Any = None,
-                on_optimizer_step: Optional[Callable[..., None]] = None) -> "ProcessHooks":
+                on_optimizer_step: Optional[Callable[..., None]] = None, *, stop_now: bool = True) -> "ProcessHooks":
+        """`stop_now=False`: SIGTERM/SIGINT keep their handlers until `install_stop` (a framework
+        installs its own when training starts; ours must come after it)."""
         global _active
         if _active is not None:
             _active.uninstall()
-        if self.stop.install():
-            self._undo.append(self.stop.uninstall)
+        if stop_now:
+            self.install_stop()
         signals.install_stack_dumps(rd.stacks_file(os.getpid()))
         signals.tie_forked_children()
         signals.die_with_launcher()
@@ -48,6 +51,11 @@ class ProcessHooks:
             self._undo.append(optimizer.register_step_post_hook(on_optimizer_step).remove)
         _active = self
         return self
+
+    def install_stop(self) -> None:
+        """SIGTERM/SIGINT set the stop flag from now on (uninstalled with the other hooks)."""
+        if self.stop.install():
+            self._undo.append(self.stop.uninstall)
 
     def uninstall(self) -> None:
         """Put back what was there before `install` (idempotent)."""
@@ -60,3 +68,21 @@ class ProcessHooks:
                 print(f"trainer_shim: warning: cannot remove a hook: {e}", file=sys.stderr)
         if _active is self:
             _active = None
+
+
+def write_error_record(rd: RunDir, attempt: int, rank: int, record: ErrorRecord) -> None:
+    """errors/attempt-N[-rank-R].json: why this process ends, for the supervisor's classification.
+    A failure to write is reported and ignored (the process is ending anyway)."""
+    path = rd.error_file(attempt, rank)
+    try:
+        atomic_write_json(path, record.to_json())
+    except OSError as e:
+        print(f"trainer_shim: warning: cannot write {path}: {e}", file=sys.stderr, flush=True)
+
+
+def record_exception(rd: RunDir, attempt: int, rank: int, tp: type, value: BaseException,
+                     tb: Optional[TracebackType], *, step: Optional[int]) -> None:
+    """The error record of an uncaught exception (the excepthook's first act)."""
+    write_error_record(rd, attempt, rank, ErrorRecord(
+        type=signals.qualified_name(tp), message=str(value),
+        traceback="".join(traceback.format_exception(tp, value, tb)), step=step, time=now_iso()))

@@ -26,12 +26,13 @@ import torch
 from . import checkpoint as ckpt
 from . import raw_tensors as raw
 from . import rundir, snapshot_store
+from .errors import ShimError
 from .rundir import FileEntry, Manifest
 
 SPLIT = (ckpt.MODEL_FILE, ckpt.OPTIMIZER_FILE)
 
 
-class SlotError(Exception):
+class SlotError(ShimError):
     """A slot cannot be created or is not ours (owner/mode); memory snapshots are off."""
 
     def __init__(self, path: Path, reason: str) -> None:
@@ -201,8 +202,8 @@ class Slot:
                 continue
             dig = known.get(ent.name) or rundir.digest_file(Path(ent.path))
             entries[ent.name] = FileEntry(os.path.getsize(ent.path), dig)
-        manifest = ckpt._manifest(snap, entries, meta, world_size)
-        rundir.atomic_write_bytes(self.path / rundir.MANIFEST_NAME, snapshot_store.manifest_bytes(manifest),
+        manifest = ckpt.manifest_of(snap, entries, meta, world_size)
+        rundir.atomic_write_bytes(self.path / rundir.MANIFEST_NAME, manifest.to_bytes(),
                                   durable=False)
         return manifest
 

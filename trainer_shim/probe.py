@@ -21,8 +21,9 @@ import torch
 import xxhash
 
 from . import data, rundir
-from .rundir import (ENV_DOCTOR, ENV_DOCTOR_FAULTS, ENV_DOCTOR_STEPS, EVENT_FIRST_STEP, FAULT_KILL, MARK_BATCH,
-                     MARK_STEP, parse_faults)
+from .engine import say
+from .errors import ShimError
+from .rundir import EXIT_OK, FAULT_KILL, MARK_BATCH, MARK_STEP, Event, RunEnv
 
 try:
     import numpy as np
@@ -36,12 +37,8 @@ __all__ = ["Probe", "digest", "DoctorFault", "DoctorLog", "state_digests"]
 STATE_COMPONENTS = ("model.params", "model.buffers", "optimizer", "scheduler", "scaler", "run.state")
 
 
-class DoctorFault(RuntimeError):
-    """The Python exception the doctor injects (kind `raise`)."""
-
-
-def _say(msg: str) -> None:
-    print(f"trainer_shim: {msg}", file=sys.stderr, flush=True)
+class DoctorFault(ShimError, RuntimeError):
+    """The Python exception the doctor injects (kind `raise`); a RuntimeError, like a typical user crash."""
 
 
 def _feed(h: "xxhash.xxh3_64", obj: Any) -> None:
@@ -144,12 +141,13 @@ class DoctorLog:
         self.stop_at = stop_at
 
     @classmethod
-    def from_env(cls) -> Optional["DoctorLog"]:
-        log = os.environ.get(ENV_DOCTOR) or None
-        if log is None:
+    def from_env(cls, env: Optional[RunEnv] = None) -> Optional["DoctorLog"]:
+        """Doctor mode as `resilient-run doctor` set it (None outside doctor mode); `env` defaults to
+        this process's environment. A bad value is rundir.EnvError (one line, names the variable)."""
+        env = env if env is not None else RunEnv.from_environ(os.environ)
+        if env.doctor_log is None:
             return None
-        stop = os.environ.get(ENV_DOCTOR_STEPS, "")
-        return cls(log, parse_faults(os.environ.get(ENV_DOCTOR_FAULTS, "")), int(stop) if stop.isdigit() else None)
+        return cls(env.doctor_log, dict(env.doctor_faults), env.doctor_steps)
 
     def write(self, rec: dict, *, attempt: Optional[int], rank: int) -> None:
         rec.update(attempt=attempt, rank=rank, pid=os.getpid(), time=time.time())
@@ -200,7 +198,7 @@ class Probe:
 
     @classmethod
     def for_run(cls, run: Any) -> "Probe":
-        return cls(run, DoctorLog.from_env())
+        return cls(run, DoctorLog.from_env(run.env))
 
     def _version_sum(self) -> int:
         m = self.run.model
@@ -215,7 +213,7 @@ class Probe:
         if self._first:
             self._first = False
             if run.rank == 0:
-                rundir.append_event(run.rd, EVENT_FIRST_STEP, run.attempt, step=run.global_step,
+                rundir.append_event(run.rd, Event.FIRST_STEP, run.attempt, step=run.global_step,
                                     restored_time=self.restored_time, pid=os.getpid())
         self._ref_step = run.global_step
         self._ref_version = self._version_sum()
@@ -226,13 +224,13 @@ class Probe:
         if self.doctor.step({"step": run.global_step, "loss": run.loss, "epoch": run.epoch,
                              "batch": self._batch_digest, "digests": comps}, attempt=run.attempt, rank=run.rank):
             run.finish()
-            sys.exit(0)
+            sys.exit(EXIT_OK)
 
     def on_batch(self, batch: Any) -> None:
         if self._ref_step is not None and not self._warned and self.log is None:
             if self._version_sum() != self._ref_version:
                 self._warned = True
-                _say(f"model parameters or buffers changed after run.step() at step {self._ref_step} (before the "
+                say(f"model parameters or buffers changed after run.step() at step {self._ref_step} (before the "
                      "next batch); a checkpoint taken at run.step() misses that change, so a resume is not exact. "
                      "Call run.step() after the last change to training state in the loop body")
         if self.log is None:
@@ -255,18 +253,18 @@ class Probe:
         if total is None or total <= 0:
             return
         self._total_set_by = source
-        self.run._hb.fields["total_steps"] = int(total)
+        self.run.engine.hb.fields["total_steps"] = int(total)
 
     def on_stream(self, loader: Any) -> None:
         """A training stream starts: with run.epochs(n) and a sized loader the length is known."""
-        if self._total_set_by == "integration" or not self.run._in_epochs or self.num_epochs is None:
+        if self._total_set_by == "integration" or not self.run.engine.stream.in_epochs or self.num_epochs is None:
             return
         try:
             n = len(loader)
         except TypeError:
             return
         self._total_set_by = "epochs"
-        self.run._hb.fields["total_steps"] = self.num_epochs * n
+        self.run.engine.hb.fields["total_steps"] = self.num_epochs * n
 
     def on_epoch_end(self) -> None:
         # The epoch-end checkpoint captures whatever the epoch body did after its last run.step().
@@ -283,7 +281,7 @@ class Probe:
 
     def _components(self) -> dict[str, str]:
         run = self.run
-        gen = data.loader_generator(run._stream_loader)
+        gen = data.loader_generator(run.engine.stream.loader)
         stateful = {"optimizer": run.optimizer, "scheduler": run.scheduler, "scaler": run.scaler,
                     **{f"extra.{k}": v for k, v in run.extra.items()}}
         out = state_digests(run.model, stateful, gen)
@@ -334,7 +332,7 @@ class Probe:
             for path, mod in m.named_modules():
                 for k, v in list(vars(mod).items()):
                     yield f"`model{'.' + path if path else ''}.{k}`", v, "held by the model"
-        loader = self.run._stream_loader
+        loader = self.run.engine.stream.loader
         for attr in ("dataset", "sampler", "batch_sampler"):
             obj = getattr(loader, attr, None)
             if obj is not None:

@@ -5,8 +5,8 @@ are recorded in every manifest. The args hash covers sys.argv[1:] and the bytes 
 that names an existing config file (.yaml/.yml/.json/.toml/.cfg/.ini), so an edited config file
 counts as a change although the argv is the same. On resume a difference is one warning line and
 a `resume_mismatch` event; with RESILIENT_STRICT_RESUME=1 (`resilient-run --strict-resume`) or
-init(strict_resume=True) it is a refusal: the process exits 2 (not retried by the supervisor)
-before training.
+init(strict_resume=True) it is a refusal: the process exits EXIT_REFUSED (2, not retried by the
+supervisor) before training.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from . import rundir
-from .rundir import ENV_STRICT_RESUME, RESUME_REFUSED_ERROR_TYPE, Event
+from .hooks import write_error_record
+from .rundir import EXIT_REFUSED, RESUME_REFUSED_ERROR_TYPE, Event, RunEnv
 
 __all__ = ["script_path", "git_info", "args_hash", "differences", "check_resume", "strict_from_env", "attach"]
 
@@ -52,7 +53,6 @@ def git_info(directory: Optional[Path], timeout: float = 2.0) -> tuple[Optional[
 
 
 CONFIG_SUFFIXES = (".yaml", ".yml", ".json", ".toml", ".cfg", ".ini")
-EXIT_REFUSED = 2
 
 
 def args_hash(argv: Optional[Sequence[str]] = None) -> str:
@@ -80,8 +80,11 @@ def differences(manifest: Any, *, git_commit: Optional[str], git_dirty: Optional
     return out
 
 
-def strict_from_env() -> bool:
-    return os.environ.get(ENV_STRICT_RESUME, "") not in ("", "0")
+def strict_from_env(env: Optional[RunEnv] = None) -> bool:
+    """Whether the supervisor asked for strict resume; `env` defaults to this process's environment.
+    `false`/`0`/`no`/`off` mean off (a bare `not in ("", "0")` test once turned `false` on)."""
+    env = env if env is not None else RunEnv.from_environ(os.environ)
+    return bool(env.strict_resume)
 
 
 def _describe(diff: dict) -> str:
@@ -99,8 +102,8 @@ def _describe(diff: dict) -> str:
 def attach(run: Any, script: Optional[Path], strict_resume: bool) -> None:
     """Give `run` what its checkpoints record of where they came from, and the resume rule."""
     run.git_commit, run.git_dirty = git_info(script.parent if script else None)
-    run.args_hash, run.strict_resume = args_hash(), bool(strict_resume) or strict_from_env()
-    run._provenance = {"git_commit": run.git_commit, "git_dirty": run.git_dirty, "args_hash": run.args_hash}
+    run.args_hash, run.strict_resume = args_hash(), bool(strict_resume) or strict_from_env(run.env)
+    run.engine.provenance = {"git_commit": run.git_commit, "git_dirty": run.git_dirty, "args_hash": run.args_hash}
 
 
 def check_resume(run: Any, path: Path, manifest: Any, strict: bool) -> None:
@@ -109,7 +112,7 @@ def check_resume(run: Any, path: Path, manifest: Any, strict: bool) -> None:
     if not diff:
         return
     if run.rank == 0:
-        run._event(Event.RESUME_MISMATCH, path=str(path), differences=diff, strict=strict)
+        run.engine.event(Event.RESUME_MISMATCH, path=str(path), differences=diff, strict=strict)
     what = _describe(diff)
     if not strict:
         sys.stderr.write(f"trainer_shim: warning: resuming {path.name} written with different provenance: {what}\n")
@@ -117,14 +120,10 @@ def check_resume(run: Any, path: Path, manifest: Any, strict: bool) -> None:
         return
     msg = (f"refusing to resume {path}: {what} (--strict-resume); restore the original code/arguments, "
            "or resume without --strict-resume")
-    efile = run.rd.error_file(run.attempt, run.rank if run.world_size > 1 else 0)
-    try:
-        rundir.atomic_write_json(efile, {"type": RESUME_REFUSED_ERROR_TYPE, "message": msg, "traceback": "",
-                                         "step": manifest.global_step, "time": rundir.now_iso()})
-    except OSError:
-        pass
+    write_error_record(run.rd, run.attempt, run.rank if run.world_size > 1 else 0, rundir.ErrorRecord(
+        type=RESUME_REFUSED_ERROR_TYPE, message=msg, step=manifest.global_step, time=rundir.now_iso()))
     sys.stderr.write(f"trainer_shim: {msg}\n")
     sys.stderr.flush()
-    run._finished = True
-    run._hb.stop()
+    run.engine.finished = True
+    run.engine.hb.stop()
     os._exit(EXIT_REFUSED)

@@ -1,4 +1,4 @@
-"""The raw tensor layout of a split checkpoint member (memory snapshots, issue 14).
+"""The raw tensor layout of a split checkpoint member (memory snapshots).
 
 `<member>.tensors` holds the bytes of the member's tensors back to back (each contiguous, 64-byte
 aligned); `<member>.table` (JSON, written before MANIFEST.json) gives for entry i (the skeleton's

@@ -1,111 +1,136 @@
 """Restore: ONE loop for 1..N ranks that picks, verifies and applies a checkpoint, falling back on rejection.
 
-rank 0 chooses (the supervisor's pick, else the newest valid), the group agrees on it, every rank
-loads it; a checkpoint any rank cannot apply is rejected and the next older one tried, on all
-ranks. In a world of one the group's collectives are identities. These functions are the Run's
-restore half: they read its configuration and set its position (step, epoch, batch, RNG, state).
+The candidates, newest first: memory slots at least as new as the disk pick (a single process
+with memory snapshots), then the supervisor's pick, then the newest valid disk checkpoint below
+the last one refused. rank 0 chooses, the group agrees on it, every rank loads it; a checkpoint
+any rank cannot apply is rejected (checkpoint_rejected) and the next candidate tried, on all
+ranks. In a world of one the group's collectives are identities. These functions are the
+training side's restore half: they read its configuration and set its position (step, epoch,
+batch, RNG, state).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
-import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import Optional, Protocol
 
 from . import checkpoint as ckpt
 from . import provenance, rng, rundir
+from .engine import Trained, say
 from .errors import CheckpointError, WorldSizeMismatch
 from .loading import sharded_module
 from .raw_tensors import LiveStateChanged
-from .rundir import Event
+from .rundir import EXIT_CRASH, EXIT_REFUSED, Event
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .run import Run
-
-__all__ = ["restore", "reject"]
+__all__ = ["restore", "reject", "apply", "Candidate", "MemorySource"]
 
 
-def _say(msg: str) -> None:
-    print(f"trainer_shim: {msg}", file=sys.stderr, flush=True)
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """A checkpoint to try (broadcast from rank 0: plain and picklable)."""
+
+    path: str
+    memory: bool = False   # a memory slot: MemorySource.loaded/dropped follow its outcome
 
 
-def reject(run: Run, path: Path, reason: str) -> None:
+class MemorySource(Protocol):
+    """Memory slots offered to the restore loop before the disk checkpoints (async_save.FastSaver)."""
+
+    def candidates(self, requested: Optional[str]) -> Iterator[Path]: ...
+    def loaded(self, path: Path) -> None: ...
+    def dropped(self, path: Path) -> None: ...
+
+
+def reject(run: Trained, path: Path, reason: str) -> None:
     """Record that this process refused `path` (a later save at its step must not reuse it)."""
-    run._rejected_paths.add(os.path.realpath(path))
-    _say(f"warning: rejected checkpoint {path}: {reason}")
-    run._event(Event.CHECKPOINT_REJECTED, path=str(path), reason=reason)
+    run.engine.rejected_paths.add(os.path.realpath(path))
+    say(f"warning: rejected checkpoint {path}: {reason}")
+    run.engine.event(Event.CHECKPOINT_REJECTED, path=str(path), reason=reason)
 
 
-def _choose(run: Run, requested: Optional[str], below: Optional[int]) -> Optional[str]:
-    """rank 0's candidate: the supervisor's pick first, then the newest valid below `below`."""
-    if run.rank != 0:
-        return None
-    if requested:
-        return requested
-    info = rundir.newest_valid(run.search_dirs, allow_inexact=run.options.resume_emergency, below_step=below,
-                               on_reject=lambda p, r: reject(run, p, r))
-    return str(info.path) if info else None
-
-
-def restore(run: Run) -> None:
-    """Load the requested or newest valid checkpoint on every rank, falling back to older ones."""
-    group = run._group
-    requested = run.env.resume_from
-    if requested == rundir.RESUME_NONE:
-        _start_fresh(run, " (supervisor: no valid checkpoint)")
-        return
+def _candidates(run: Trained, requested: Optional[str], memory: Optional[MemorySource]) -> Iterator[Candidate]:
+    """rank 0's candidates in order; the generator resumes only after the previous one was refused."""
+    if memory is not None:
+        for path in memory.candidates(requested):
+            yield Candidate(str(path), memory=True)
     below: Optional[int] = None
-    while True:
-        cand = group.broadcast(_choose(run, requested, below), "checkpoint choice")
-        requested = None
-        if cand is None:
-            _start_fresh(run, "")
+    while True:  # the supervisor's pick first (one chooser for every front end), then older ones
+        info = rundir.choose(run.search_dirs, requested, allow_inexact=run.options.resume_emergency,
+                             below_step=below, on_reject=lambda p, r: reject(run, p, r))
+        if info is None:
             return
-        path = Path(cand)
-        # Many ranks split the hashing of the files; one process verifies what it reads.
-        alone = group.world_size == 1
-        err = None if alone else _verify_share(run, path)
-        errs = [(r, e) for r, e in enumerate(group.all_gather(err, "checkpoint verification")) if e]
+        yield Candidate(str(info.path))
+        requested, below = None, rundir.parse_checkpoint_name(info.path.name)
+
+
+def restore(run: Trained, memory: Optional[MemorySource] = None) -> None:
+    """Load the newest loadable candidate on every rank, falling back to older ones (see the module doc)."""
+    group = run.engine.group
+    requested = run.env.resume_from
+    pick = _candidates(run, requested, memory) if run.rank == 0 else iter(())
+    while True:
+        cand = group.broadcast(next(pick, None), "checkpoint choice")
+        if cand is None:
+            _start_fresh(run, " (supervisor: no valid checkpoint)" if requested == rundir.RESUME_NONE else "")
+            return
+        path = Path(cand.path)
+        errs = _try(run, path)
         if not errs:
-            try:
-                _apply(run, path, verify=alone)
-            except WorldSizeMismatch as e:
-                _world_size_refused(run, path, e)
-            except CheckpointError as e:
-                err = str(e)
-            errs = [(r, e) for r, e in enumerate(group.all_gather(err, "restore outcome")) if e]
-        if not errs:
+            if cand.memory and memory is not None:
+                memory.loaded(path)
             return
         if run.rank == 0:
+            alone = group.world_size == 1
             reject(run, path, "; ".join(e if alone else f"rank {r}: {e}" for r, e in errs))
+            if cand.memory and memory is not None:
+                memory.dropped(path)
         run.resumed_from = None
-        below = rundir.parse_checkpoint_name(path.name)
 
 
-def _start_fresh(run: Run, why: str) -> None:
+def _try(run: Trained, path: Path) -> list[tuple[int, str]]:
+    """Verify and apply `path` on every rank; (rank, error) of each rank that could not."""
+    group = run.engine.group
+    # Many ranks split the hashing of the files; one process verifies what it reads.
+    alone = group.world_size == 1
+    err = None if alone else _verify_share(run, path)
+    errs = [(r, e) for r, e in enumerate(group.all_gather(err, "checkpoint verification")) if e]
+    if errs:
+        return errs
+    try:
+        apply(run, path, verify=alone)
+    except WorldSizeMismatch as e:
+        _world_size_refused(run, path, e)
+    except CheckpointError as e:
+        err = str(e)
+    return [(r, e) for r, e in enumerate(group.all_gather(err, "restore outcome")) if e]
+
+
+def _start_fresh(run: Trained, why: str) -> None:
     """Fresh start, unless a rejected checkpoint already wrote into the live model (see
     raw_tensors): then this attempt cannot start from the user's own initial state; it ends, and
     the next one (the bad slot's manifest gone) starts fresh for real."""
     # Every rank ends (a peer left starting fresh would wait for the ended one's collectives).
-    if any(run._group.all_gather(run._live_state_changed, "live state check")):
-        _say("error: a rejected checkpoint had already overwritten part of the live state and no valid "
+    if any(run.engine.group.all_gather(run.engine.live_state_changed, "live state check")):
+        say("error: a rejected checkpoint had already overwritten part of the live state and no valid "
              "checkpoint is left to replace it; ending this attempt so the next one starts fresh")
-        run._group.destroy()
-        raise SystemExit(1)  # a crash to the supervisor: restarted under the usual policy
+        run.engine.group.destroy()
+        raise SystemExit(EXIT_CRASH)  # a crash to the supervisor: restarted under the usual policy
     if run.rank == 0:
-        _say(f"starting fresh in {run.rd.root}{why}")
+        say(f"starting fresh in {run.rd.root}{why}")
 
 
-def _world_size_refused(run: Run, path: Path, e: Exception) -> None:
-    _say(f"error: cannot resume from {path}: {e}")
+def _world_size_refused(run: Trained, path: Path, e: Exception) -> None:
+    say(f"error: cannot resume from {path}: {e}")
     if run.rank == 0:
-        run._event(Event.CHECKPOINT_REJECTED, path=str(path), reason=str(e))
-    run._group.destroy()
-    raise SystemExit(2)  # a configuration problem: retrying cannot help
+        run.engine.event(Event.CHECKPOINT_REJECTED, path=str(path), reason=str(e))
+    run.engine.group.destroy()
+    raise SystemExit(EXIT_REFUSED)  # a configuration problem: retrying cannot help
 
 
-def _verify_share(run: Run, path: Path) -> Optional[str]:
+def _verify_share(run: Trained, path: Path) -> Optional[str]:
     """Hash this rank's share of a multi-rank checkpoint's files (ranks split the work by size)."""
     def share(files: dict[str, rundir.FileEntry]) -> list[str]:
         load = [0] * run.world_size
@@ -124,7 +149,7 @@ def _verify_share(run: Run, path: Path) -> Optional[str]:
     return None
 
 
-def _refuse_world_size(run: Run, m: rundir.Manifest) -> None:
+def _refuse_world_size(run: Trained, m: rundir.Manifest) -> None:
     was, now = m.world_size, run.world_size
     if not m.sharded:
         raise WorldSizeMismatch(f"it was written by {was} rank(s), this run has {now}; only sharded (DCP) "
@@ -136,7 +161,7 @@ def _refuse_world_size(run: Run, m: rundir.Manifest) -> None:
             f"with {was} rank(s), or set {rundir.ENV_ALLOW_RESHARD}=1 to resume at {now}")
 
 
-def _load_members(run: Run, path: Path, verify: bool) -> tuple[rundir.CheckpointInfo, dict, bool]:
+def _load_members(run: Trained, path: Path, verify: bool) -> tuple[rundir.CheckpointInfo, dict, bool]:
     """Read (and verify) this rank's members and load model, optimizer, scheduler, scaler, extras."""
     try:
         hm = rundir.inspect_checkpoint(path).manifest
@@ -161,9 +186,9 @@ def _load_members(run: Run, path: Path, verify: bool) -> tuple[rundir.Checkpoint
     if info.manifest.sharded:
         if run.model is None:
             raise CheckpointError("a sharded checkpoint needs init(model=...) to load into")
-        run._group.guard("sharded checkpoint load", sharded_module().load, path, run.model, run.optimizer,
-                         group=run._group.group)
-        run._dirty = False  # DCP initialises a fresh optimizer's state with a zero-lr step
+        run.engine.group.guard("sharded checkpoint load", sharded_module().load, path, run.model, run.optimizer,
+                         group=run.engine.group.group)
+        run.engine.dirty = False  # DCP initialises a fresh optimizer's state with a zero-lr step
     elif run.model is not None:
         if ckpt.MODEL_FILE not in files:
             raise CheckpointError(f"{ckpt.MODEL_FILE} missing")
@@ -180,13 +205,13 @@ def _load_members(run: Run, path: Path, verify: bool) -> tuple[rundir.Checkpoint
     return info, tr, reshard
 
 
-def _apply(run: Run, path: Path, verify: bool) -> None:
+def apply(run: Trained, path: Path, verify: bool) -> None:
     try:
         info, tr, reshard = _load_members(run, path, verify)
     except LiveStateChanged:
-        run._live_state_changed = True  # only a later complete load may clear this
+        run.engine.live_state_changed = True  # only a later complete load may clear this
         raise
-    run._live_state_changed = False  # every live tensor the failed load touched is overwritten now
+    run.engine.live_state_changed = False  # every live tensor the failed load touched is overwritten now
     m = info.manifest
     run.state.clear()
     run.state.update(tr.get("state") or {})
@@ -200,15 +225,15 @@ def _apply(run: Run, path: Path, verify: bool) -> None:
               "epoch_rng": rng.derive(tr["epoch_rng"], run.rank) if tr.get("epoch_rng") else None}
     rng.restore(tr["rng"])
     if k > 0 or tr.get("loader_state") is not None:
-        run._resume_stream = {"epoch": m.epoch, "batch_in_epoch": k, "epoch_rng": tr.get("epoch_rng"),
+        run.engine.stream.resume = {"epoch": m.epoch, "batch_in_epoch": k, "epoch_rng": tr.get("epoch_rng"),
                               "step_rng": tr["rng"], "loader_state": tr.get("loader_state")}
     run.resumed_from = str(info.path)
-    run._retention.resumed_step = run.checkpoint_step = m.global_step
-    run._last_size = sum(f.size for f in m.files.values())
-    _say(f"resumed from {info.path} (step {m.global_step}, epoch {m.epoch}, batch {k})"
+    run.engine.retention.resumed_step = run.checkpoint_step = m.global_step
+    run.engine.last_size = sum(f.size for f in m.files.values())
+    say(f"resumed from {info.path} (step {m.global_step}, epoch {m.epoch}, batch {k})"
          + ("" if m.exact else " [inexact emergency checkpoint]")
          + (f" [resharded from {m.world_size} to {run.world_size} rank(s): not bit-exact]" if reshard else ""))
     if reshard and run.rank == 0:
-        run._event(Event.CHECKPOINT_RESHARDED, path=str(info.path), from_world_size=m.world_size,
+        run.engine.event(Event.CHECKPOINT_RESHARDED, path=str(info.path), from_world_size=m.world_size,
                    to_world_size=run.world_size, batch_in_epoch=k)
     provenance.check_resume(run, info.path, m, run.strict_resume)

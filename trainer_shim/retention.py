@@ -2,8 +2,9 @@
 
 `rotation` decides *what* to keep (a pure policy over entries); this module applies it to the
 checkpoint roots: it keeps the index in step with what was committed, renames doomed checkpoints
-out of sight and deletes them in the background (or at once when the space is needed now).
-Every failure here is reported and ignored: bookkeeping must never stop training.
+out of sight and deletes them (rundir.commit.discard) in the background, or at once when the
+space is needed now or the process may end right after a save (the framework callbacks, whose
+rotation this is too). Every failure here is reported and ignored: bookkeeping must never stop training.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import shutil
 import sys
 import threading
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Iterable, Optional
 
 from . import rotation, rundir
 from .rundir import CheckpointKind
@@ -39,8 +40,9 @@ class Retention:
     """Index and rotation of one run's checkpoint roots (`search_dirs()`: the run dir's, then the fallback's)."""
 
     def __init__(self, rd: rundir.RunDir, search_dirs: Callable[[], list[Path]], *, keep_last: int,
-                 keep_epochs: int, keep_best: int) -> None:
+                 keep_epochs: int, keep_best: int, background: bool = True) -> None:
         self.rd = rd
+        self.background = background  # delete rotated checkpoints in a thread (else before returning)
         self.search_dirs = search_dirs
         self.keep_last, self.keep_epochs, self.keep_best = keep_last, keep_epochs, keep_best
         self.resumed_step: Optional[int] = None    # the checkpoint this process resumed from
@@ -94,8 +96,9 @@ class Retention:
             ent["kind"] = kind.value
             self.write_index(idx)
 
-    def rotate(self, placeholder: Optional[rotation.Entry] = None) -> None:
-        """Delete what the retention policy drops; a failure here is reported and ignored."""
+    def rotate(self, placeholder: Optional[rotation.Entry] = None, protect: Iterable[str] = ()) -> None:
+        """Delete what the retention policy drops, never a checkpoint named in `protect` (e.g. a
+        framework's best one); a failure here is reported and ignored."""
         try:
             idx = rundir.read_index(self.rd)
             found: dict[str, tuple[Path, rotation.Entry]] = {}
@@ -114,7 +117,7 @@ class Retention:
                 found[path.name] = (path, rotation.Entry(path.name, step, kind, info.manifest.loss,
                                                          info.manifest.exact))
             entries = [e for _, e in found.values()]
-            protected = set()
+            protected = set(protect)
             if placeholder is not None:
                 entries.append(placeholder)
                 protected.add(placeholder.name)
@@ -125,22 +128,16 @@ class Retention:
                     pass
             if self.resumed_step is not None and (self.committed_step is None
                                                    or self.committed_step <= self.resumed_step):
-                protected.add(rundir.checkpoint_name(self.resumed_step))
+                # By step: a framework's dirs are named checkpoint-N, the native ones step-N.
+                protected |= {n for n, (_p, e) in found.items() if e.step == self.resumed_step}
             doomed = rotation.to_delete(entries, keep_last=self.keep_last, keep_epochs=self.keep_epochs,
                                         keep_best=self.keep_best, protected=protected)
             for name in doomed:
                 if name not in found:
                     continue
-                path = found[name][0]
-                # Rename first: a half-deleted dir must never look like a committed checkpoint.
-                trash = path.parent / f"{rundir.TMP_PREFIX}deleting-{name}"
-                os.rename(path, trash)
-                if placeholder is not None:  # making room: the space must be free now
-                    shutil.rmtree(trash, ignore_errors=True)
-                else:  # unlinking GBs costs tens of ms; the renamed dir is already invisible
-                    t = threading.Thread(target=shutil.rmtree, args=(trash, True), daemon=True,
-                                         name="trainer_shim-rotate")
-                    t.start()
+                # Making room (placeholder): the space must be free now.
+                t = rundir.commit.discard(found[name][0], background=self.background and placeholder is None)
+                if t is not None:
                     self.deleters.append(t)
                 idx.pop(name, None)
             if doomed:

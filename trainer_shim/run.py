@@ -7,33 +7,27 @@ import os
 import shutil
 import sys
 import time
-import traceback
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 
 from . import async_save as async_save_mod
 from . import (cursor, data, distributed, divergence, options, provenance, restoring, resume_prompt, retention, rng,
-               rundir, save_interval, saving, signals)
+               rundir, save_interval, saving)
+from .engine import Engine, Reporter, say
 from .errors import CollectiveTimeout, ConfigError
 from .heartbeat import Heartbeat
-from .hooks import ProcessHooks
+from .hooks import ProcessHooks, record_exception
 from .loading import LoadResult, load
 from .probe import Probe
 from .provenance import script_path
+from .save_interval import DEFAULT_MTBF_HOURS
 from .save_time import SaveTimer
-from .rundir import CheckpointKind, Event, Phase
+from .rundir import CheckpointKind, Phase
 
 __all__ = ["Run", "init", "load", "LoadResult"]
-
-_PREFIX = "trainer_shim:"
-
-
-def _say(msg: str) -> None:
-    print(f"{_PREFIX} {msg}", file=sys.stderr, flush=True)
-
 
 class Run:
     """One training process's view of its run dir. Create it with `trainer_shim.init()`."""
@@ -45,11 +39,12 @@ class Run:
         try:  # the product env, parsed once; a bad value is a one-line configuration error
             env = rundir.RunEnv.from_environ(os.environ)
             root = o.run_dir or env.run_dir or Path("runs") / (script.stem if script else "interactive")
-            root, self.env = resume_prompt.resolve(str(o.resume), Path(root).absolute(), env, say=_say)
+            root, self.env = resume_prompt.resolve(str(o.resume), Path(root).absolute(), env, say=say)
             self.rd = rundir.ensure_run_dir(Path(root).absolute(), env.node)
         except rundir.ContractError as e:
             raise ConfigError(str(e)) from e
-        self._join_world(o.collective_timeout)
+        group = self._join_world(o.collective_timeout)
+        self.engine = eng = Engine(Reporter(self.rd, self.env.attempt), group)
         self.sharded = options.decide_sharded(o.sharded, o.model)
         self.allow_reshard = bool(self.env.allow_reshard if o.allow_reshard is None else o.allow_reshard)
         self.attempt = self.env.attempt
@@ -57,39 +52,37 @@ class Run:
         # attempt's heartbeat exists, so it never reads a previous attempt's step as ours.
         self._mark = rundir.StepMark(self.rd.step_mark(self.rank))
         # The first beat goes out before any restore work, so a slow restore is visibly "starting".
-        self._hb = Heartbeat(self.rd.heartbeat(self.rank), rank=self.rank, attempt=self.attempt,
+        eng.hb = Heartbeat(self.rd.heartbeat(self.rank), rank=self.rank, attempt=self.attempt,
                              interval=o.heartbeat_interval, node=self.rd.node)
-        self._hb.write_now()
-        self._saves = SaveTimer.for_run(self)
+        eng.hb.write_now()
+        eng.saves = SaveTimer.for_run(self)
         self.model, self.optimizer, self.scheduler, self.scaler = o.model, o.optimizer, o.scheduler, o.scaler
         self.extra: dict[str, Any] = dict(o.extra or {})
-        self.save_every_seconds, self._auto = save_interval.from_option(o.save_every_seconds, self.rd, o.mtbf_hours,
-                                                                        self._hb)
+        self.save_every_seconds, eng.auto = save_interval.from_option(o.save_every_seconds, self.rd, o.mtbf_hours,
+                                                                      eng.hb)
         self.skipped_steps = 0            # on_nonfinite="skip": steps not counted
         self.fallback_dir = Path(o.fallback_dir).absolute() if o.fallback_dir else None
         self._reset_position()
-        self._fast: Any = None  # async_save.FastSaver when async_save/memory_every_steps is on
-        self._retention = retention.Retention(self.rd, lambda: self.search_dirs, keep_last=o.keep_last,
+        eng.retention = retention.Retention(self.rd, lambda: self.search_dirs, keep_last=o.keep_last,
                                               keep_epochs=o.keep_epochs, keep_best=o.keep_best)
         self._hooks = ProcessHooks().install(self.rd, self._on_exception, o.optimizer, self._on_optimizer_step)
         self._stop = self._hooks.stop
         provenance.attach(self, script, o.strict_resume)
-        self._fast = async_save_mod.make(self, o.async_save, o.memory_every_steps)
+        eng.fast = async_save_mod.make(self, self._save, o.async_save, o.memory_every_steps)
         self._resume()
 
     def _resume(self) -> None:
-        if self._group.world_size == 1 or self.rank == 0:
+        if self.engine.group.world_size == 1 or self.rank == 0:
             for d in self.search_dirs:
                 for t in rundir.tmp_dirs(d):  # abandoned writes of a killed attempt
                     shutil.rmtree(t, ignore_errors=True)
-        self._group.barrier("startup barrier")  # rank 0 has cleaned up before anyone saves
-        if self._fast is None or not self._fast.restore_first(self.env.resume_from):
-            restoring.restore(self)
+        self.engine.group.barrier("startup barrier")  # rank 0 has cleaned up before anyone saves
+        restoring.restore(self, self.engine.fast.before_restore() if self.engine.fast is not None else None)
         self._mark.set(self.global_step)
         # Second "starting" beat: the supervisor learns what was actually restored (after any fallback).
-        self._hb.write_now(step=self.global_step, epoch=self.epoch, loss=self.loss,
+        self.engine.hb.write_now(step=self.global_step, epoch=self.epoch, loss=self.loss,
                            resumed_from=self.resumed_from, checkpoint_step=self.checkpoint_step)
-        self._hb.start()
+        self.engine.hb.start()
         self._probe = Probe.for_run(self)  # step-boundary checks; digests and faults in doctor mode
 
     def _reset_position(self) -> None:
@@ -99,34 +92,25 @@ class Run:
         self.batch_in_epoch = 0
         self.loss: Optional[float] = None
         self.resumed_from: Optional[str] = None
-        self._rejected_paths: set[str] = set()  # real paths of checkpoints this process refused
         self.state: dict[str, Any] = {}
         self.checkpoint_step: Optional[int] = None
 
         self._yielded = 0                 # batches handed out by the current training stream
         self._stream_epoch: Optional[int] = None  # epoch whose training stream has started
         self._stream_done = False
-        self._in_epochs = False
-        self._stream_loader: Any = None   # the loader of the training stream (for stateful ones)
-        self._epoch_rng: Optional[dict] = None  # RNG right before this epoch's iterator was built
-        self._resume_stream: Optional[dict] = None  # mid-epoch resume data, used by batches()
-        self._dirty = False               # an optimizer.step() ran since the last run.step()
-        self._live_state_changed = False  # a rejected checkpoint wrote into live tensors (restoring)
         self._hb_last = -math.inf
-        self._last_save_t = time.monotonic()
-        self._last_size = 0               # bytes of the last checkpoint (free-space check)
-        self._finished = False
+        self.engine.reset()
 
-    def _join_world(self, collective_timeout: float) -> None:
+    def _join_world(self, collective_timeout: float) -> Any:
         """This process's rank and group: a world of one is a group of size one (no torch.distributed)."""
         self.rank = distributed.env_int("RANK", 0)
         self.world_size = distributed.env_int("WORLD_SIZE", 1)
-        self._group: Any = distributed.Solo()
-        if self.world_size > 1:
-            if distributed.active_world_size() != self.world_size:
-                raise ConfigError(f"WORLD_SIZE={self.world_size} but torch.distributed is not initialised with that "
-                                  "world size; call torch.distributed.init_process_group() before trainer_shim.init()")
-            self._group = distributed.Dist(collective_timeout)
+        if self.world_size == 1:
+            return distributed.Solo()
+        if distributed.active_world_size() != self.world_size:
+            raise ConfigError(f"WORLD_SIZE={self.world_size} but torch.distributed is not initialised with that "
+                              "world size; call torch.distributed.init_process_group() before trainer_shim.init()")
+        return distributed.Dist(collective_timeout)
 
     # --- paths ----------------------------------------------------------------------------------
 
@@ -142,7 +126,7 @@ class Run:
 
     def epochs(self, num_epochs: int) -> Iterator[int]:
         """Yield epoch numbers from the restored one on; the epoch-end checkpoint follows each body."""
-        self._in_epochs = True
+        self.engine.stream.in_epochs = True
         self._probe.num_epochs = num_epochs
         try:
             e = self.epoch
@@ -152,7 +136,7 @@ class Run:
                 self._end_epoch()
                 e += 1
         finally:
-            self._in_epochs = False
+            self.engine.stream.in_epochs = False
 
     def batches(self, loader: Iterable) -> Iterator[Any]:
         """Yield the epoch's batches in the interrupted run's order, skipping consumed ones unloaded.
@@ -162,22 +146,22 @@ class Run:
         previous stream was exhausted starts the next epoch.
         """
         if self._stream_epoch == self.epoch:
-            if not (self._stream_done and not self._in_epochs):
+            if not (self._stream_done and not self.engine.stream.in_epochs):
                 yield from loader
                 return
             self._advance_epoch_counters()
         self._stream_epoch = self.epoch
         self._stream_done = False
-        self._stream_loader = loader
+        self.engine.stream.loader = loader
         self._probe.on_stream(loader)
-        resume = self._resume_stream
-        self._resume_stream = None
+        resume = self.engine.stream.resume
+        self.engine.stream.resume = None
         if resume is not None and resume["epoch"] == self.epoch and (
                 resume["batch_in_epoch"] > 0 or (resume.get("loader_state") is not None and data.is_stateful(loader))):
-            it, self._epoch_rng = cursor.resumed_iter(loader, resume)
+            it, self.engine.stream.epoch_rng = cursor.resumed_iter(loader, resume)
             self._yielded = resume["batch_in_epoch"]
         else:
-            self._epoch_rng = rng.capture(data.loader_generator(loader))
+            self.engine.stream.epoch_rng = rng.capture(data.loader_generator(loader))
             it = iter(loader)
             self._yielded = 0
         while True:
@@ -190,7 +174,7 @@ class Run:
                     # A SIGTERM sent to the whole process group also reaches DataLoader workers,
                     # whose torch-installed handler kills them, so fetching the next batch fails.
                     # Nothing has changed since the last run.step(): stop gracefully instead.
-                    _say("the data loader failed after a stop signal (its workers got it too); stopping")
+                    say("the data loader failed after a stop signal (its workers got it too); stopping")
                     self._preempt()
                 raise
             self._yielded += 1
@@ -209,23 +193,23 @@ class Run:
         self.global_step += 1
         self._mark.set(self.global_step)
         self.batch_in_epoch = self._yielded if self._stream_epoch == self.epoch else self.batch_in_epoch + 1
-        self._dirty = False
+        self.engine.dirty = False
         now = time.monotonic()
         if now - self._hb_last >= self.options.heartbeat_interval:
             self._hb_last = now
-            f = self._hb.fields
+            f = self.engine.hb.fields
             f["step"] = self.global_step
             f["epoch"] = self.epoch
             f["loss"] = self.loss
             f["phase"] = "training"
-            self._hb.request()
+            self.engine.hb.request()
         every = self.options.save_every_steps
-        timed = self.save_every_seconds is not None and now - self._last_save_t >= self.save_every_seconds
+        timed = self.save_every_seconds is not None and now - self.engine.last_save_t >= self.save_every_seconds
         stop = self._stop.requested
         # Every rank must save, and stop, at the same step: one MAX all-reduce of both flags.
-        stop, timed = self._group.agree(stop, timed)
-        if self._fast is not None:
-            self._fast.on_step(bool((every and self.global_step % every == 0) or timed))
+        stop, timed = self.engine.group.agree(stop, timed)
+        if self.engine.fast is not None:
+            self.engine.fast.on_step(bool((every and self.global_step % every == 0) or timed))
         elif (every and self.global_step % every == 0) or timed:
             self._save(CheckpointKind.STEP)
             save_interval.tune(self, time.monotonic() - now)
@@ -238,9 +222,9 @@ class Run:
         now = time.monotonic()
         if now - self._hb_last >= self.options.heartbeat_interval:
             self._hb_last = now
-            self._hb.fields.update(step=self.global_step, epoch=self.epoch, loss=self.loss, phase="training")
-            self._hb.request()
-        if self._stop.requested and self._group.world_size == 1:  # multi-rank: the stop is agreed at run.step()
+            self.engine.hb.fields.update(step=self.global_step, epoch=self.epoch, loss=self.loss, phase="training")
+            self.engine.hb.request()
+        if self._stop.requested and self.engine.group.world_size == 1:  # multi-rank: the stop is agreed at run.step()
             self._preempt()
 
     def save(self) -> Optional[Path]:
@@ -252,16 +236,16 @@ class Run:
 
     def finish(self) -> None:
         """Final checkpoint and the `finished` heartbeat; the run dir is left ready for inspection."""
-        if self._finished:
+        if self.engine.finished:
             return
         final = self._save(CheckpointKind.FINAL)
-        self._finished = True
-        if self._fast is not None:  # the newest state is on disk now: the memory slots can go
-            self._fast.close(free=final is not None)
-        self._retention.join()  # a finished run leaves no trash behind
-        self._hb.stop()
+        self.engine.finished = True
+        if self.engine.fast is not None:  # the newest state is on disk now: the memory slots can go
+            self.engine.fast.close(free=final is not None)
+        self.engine.retention.join()  # a finished run leaves no trash behind
+        self.engine.hb.stop()
         self._mark.close()
-        self._hb.write_now(phase=Phase.FINISHED.value, step=self.global_step, epoch=self.epoch,
+        self.engine.hb.write_now(phase=Phase.FINISHED.value, step=self.global_step, epoch=self.epoch,
                            loss=self.loss, checkpoint_step=self.checkpoint_step)
 
     # --- epochs -------------------------------------------------------------------------------
@@ -271,101 +255,102 @@ class Run:
         self.batch_in_epoch = 0
         self._yielded = 0
         self._stream_epoch = None
-        self._epoch_rng = None
+        self.engine.stream.epoch_rng = None
 
     def _end_epoch(self) -> None:
         self._advance_epoch_counters()
-        self._hb.fields["epoch"] = self.epoch
+        self.engine.hb.fields["epoch"] = self.epoch
         if self.options.save_on_epoch_end:
             self._save(CheckpointKind.EPOCH)
         self._probe.on_epoch_end()
         stop = self._stop.requested
-        stop, _ = self._group.agree(stop, False)
+        stop, _ = self.engine.group.agree(stop, False)
         if stop:
             self._preempt()
 
     # --- saving -------------------------------------------------------------------------------
 
     def _on_optimizer_step(self, *args: Any, **kwargs: Any) -> None:
-        self._dirty = True
+        self.engine.dirty = True
 
     def _save(self, kind: CheckpointKind, exact: bool = True) -> Optional[Path]:
         """Save at the current step (one protocol for 1..N ranks, see `saving`) unless the step
         already has a checkpoint; storage failures never raise. Every rank calls it at the same step."""
-        if self._fast is not None:
-            self._fast.drain()  # a synchronous save comes after the background one in flight
-        self._last_save_t = time.monotonic()
-        self._hb.fields.update(step=self.global_step, epoch=self.epoch, loss=self.loss)
-        self._hb.begin_save()
+        if self.engine.fast is not None:
+            self.engine.fast.drain()  # a synchronous save comes after the background one in flight
+        self.engine.last_save_t = time.monotonic()
+        self.engine.hb.fields.update(step=self.global_step, epoch=self.epoch, loss=self.loss)
+        self.engine.hb.begin_save()
         try:
-            with self._saves.stall(kind):
+            with self.engine.saves.stall(kind):
                 try:
                     outcome = saving.save(self, kind, exact)
                 except CollectiveTimeout as e:
                     if self.rank == 0:
-                        self._failed(self.rd.checkpoints, str(e))
-                    _say(f"error: {e}; exiting (the supervisor resumes from the newest complete checkpoint)")
+                        self.engine.reporter.checkpoint_failed(self.rd.checkpoints, self.global_step, str(e))
+                    say(f"error: {e}; exiting (the supervisor resumes from the newest complete checkpoint)")
                     raise
                 if outcome.committed:  # not when an existing checkpoint stands for the step
-                    self._last_size = outcome.nbytes
-                    self.checkpoint_step = self._retention.committed_step = self.global_step
+                    self.engine.last_size = outcome.nbytes
+                    self.checkpoint_step = self.engine.retention.committed_step = self.global_step
             return outcome.path if outcome.error is None else None
         finally:
-            self._last_save_t = time.monotonic()
-            self._hb.end_save(checkpoint_step=self.checkpoint_step)
-
-    def _on_progress(self, nbytes: int) -> None:
-        self._hb.save_bytes = nbytes
-
-    def _failed(self, root: Path, error: str, snap: Any = None) -> None:
-        """A save failed in `root` (of `snap`, a checkpoint.Snapshot: a background save's step, not training's now)."""
-        step = self.global_step if snap is None else snap.global_step
-        _say(f"warning: checkpoint at step {step} failed in {root}: {error}; training continues")
-        extra = {"background": True} if snap is not None and snap.background else {}
-        self._event(Event.CHECKPOINT_FAILED, path=str(root / rundir.checkpoint_name(step)), error=error, **extra)
-
-    def _event(self, event: Event, **fields: Any) -> None:
-        try:
-            rundir.append_event(self.rd, event, self.attempt, **fields)
-        except OSError as e:
-            _say(f"warning: cannot append to {self.rd.events}: {e}")
+            self.engine.last_save_t = time.monotonic()
+            self.engine.hb.end_save(checkpoint_step=self.checkpoint_step)
 
     # --- stopping and crashing ----------------------------------------------------------------
 
     def _preempt(self) -> None:
         path = self._save(CheckpointKind.PREEMPT)
-        if self._fast is not None:  # without a supervisor nobody else would free the slots
-            self._fast.close(free=path is not None and self.env.run_dir is None)
-        self._hb.stop()
+        if self.engine.fast is not None:  # without a supervisor nobody else would free the slots
+            self.engine.fast.close(free=path is not None and self.env.run_dir is None)
+        self.engine.hb.stop()
         self._mark.close()
-        self._hb.write_now(phase=Phase.STOPPING.value, step=self.global_step, epoch=self.epoch,
+        self.engine.hb.write_now(phase=Phase.STOPPING.value, step=self.global_step, epoch=self.epoch,
                            loss=self.loss, checkpoint_step=self.checkpoint_step)
-        _say(f"stop requested (signal {self._stop.signum}); checkpoint at step {self.global_step}; "
+        say(f"stop requested (signal {self._stop.signum}); checkpoint at step {self.global_step}; "
              f"exiting {rundir.EXIT_PREEMPTED}")
-        self._group.destroy()
+        self.engine.group.destroy()
         sys.exit(rundir.EXIT_PREEMPTED)
 
     def _on_exception(self, tp: type, value: BaseException, tb: Optional[TracebackType]) -> None:
-        rec = rundir.ErrorRecord(type=signals.qualified_name(tp), message=str(value),
-                                 traceback="".join(traceback.format_exception(tp, value, tb)),
-                                 step=self.global_step, time=rundir.now_iso())
-        efile = self.rd.error_file(self.attempt, self.rank if self._group.world_size > 1 else 0)
-        try:
-            rundir.atomic_write_json(efile, rec.to_json())
-        except OSError as e:
-            _say(f"warning: cannot write {efile}: {e}")
-        if self._finished:
+        record_exception(self.rd, self.attempt, self.rank if self.engine.group.world_size > 1 else 0, tp, value, tb,
+                         step=self.global_step)
+        if self.engine.finished:
             return
-        if self._fast is not None:
-            self._fast.drain()  # the in-flight save commits before anything else is decided
+        if self.engine.fast is not None:
+            self.engine.fast.drain()  # the in-flight save commits before anything else is decided
         why_not = saving.no_emergency_reason(self)
         if why_not is not None:
-            _say(f"no emergency checkpoint: {why_not}")
+            say(f"no emergency checkpoint: {why_not}")
             return
         path = self._save(CheckpointKind.EMERGENCY, exact=False)
         if path is not None:
-            _say(f"emergency checkpoint (inexact, not auto-resumed) at {path}")
+            say(f"emergency checkpoint (inexact, not auto-resumed) at {path}")
 
-def init(**kwargs: Any) -> Run:
-    """Create the Run: first heartbeat, then restore the requested or newest valid checkpoint."""
-    return Run(**kwargs)
+
+def init(*, model: Any = None, optimizer: Any = None, scheduler: Any = None, scaler: Any = None,
+         extra: Optional[dict] = None, run_dir: Optional[options.PathLike] = None,
+         save_every_steps: Optional[int] = None, save_every_seconds: Optional[Union[float, str]] = None,
+         save_on_epoch_end: bool = True, keep_last: int = 3, keep_epochs: int = 10, keep_best: int = 1,
+         fallback_dir: Optional[options.PathLike] = None, min_free_bytes: Optional[int] = None,
+         heartbeat_interval: float = 1.0, resume_emergency: bool = False, collective_timeout: float = 300.0,
+         sharded: Optional[bool] = None, allow_reshard: Optional[bool] = None, on_nonfinite: str = "raise",
+         resume: Union[str, options.PathLike] = "auto", strict_resume: bool = False,
+         mtbf_hours: float = DEFAULT_MTBF_HOURS,
+         async_save: bool = False, memory_every_steps: Optional[int] = None) -> Run:
+    """Create the Run: first heartbeat, then restore the requested or newest valid checkpoint.
+
+    model, optimizer, scheduler, scaler, extra: what a checkpoint holds (extra: name -> object with
+    state_dict()/load_state_dict()); run_dir: defaults to $RESILIENT_RUN_DIR or runs/<script>;
+    save_every_steps / save_every_seconds (seconds or "auto": Young/Daly) / save_on_epoch_end: when
+    to checkpoint; keep_last / keep_epochs / keep_best: rotation; fallback_dir: a second root when
+    the first cannot take a save; min_free_bytes: headroom kept free; heartbeat_interval: seconds
+    between beats; resume_emergency: also resume from inexact emergency checkpoints;
+    collective_timeout: seconds a multi-rank collective may take; sharded: DCP for FSDP2/DTensor
+    (None: detect); allow_reshard: resume a sharded checkpoint at another world size (None: env);
+    on_nonfinite: "raise", "skip" or "ignore" a NaN/inf loss; resume: "auto", "ask", "never" or a path;
+    strict_resume: refuse a checkpoint of other code/args; mtbf_hours: the "auto" interval's prior;
+    async_save / memory_every_steps: background saves and /dev/shm snapshots.
+    """
+    return Run(**locals())

@@ -128,6 +128,6 @@ def from_option(value: Union[float, str, None], rd: rundir.RunDir, mtbf_hours: f
 
 def tune(run: Any, stall_s: float) -> None:
     """After a save: with "auto", the stall it cost the loop re-tunes run.save_every_seconds (and the heartbeat's copy)."""
-    if run._auto is not None:
-        run.save_every_seconds = run._auto.observe_save(stall_s)
-        run._hb.fields["save_interval_s"] = round(run.save_every_seconds, 3)
+    if run.engine.auto is not None:
+        run.save_every_seconds = run.engine.auto.observe_save(stall_s)
+        run.engine.hb.fields["save_interval_s"] = round(run.save_every_seconds, 3)

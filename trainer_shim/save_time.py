@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator
 from typing import Any, Callable, Optional
 
-from .rundir import EVENT_CHECKPOINT_SAVED, CheckpointKind
+from .rundir import CheckpointKind, Event
 
 __all__ = ["SaveTimer"]
 
@@ -33,11 +33,11 @@ class SaveTimer:
 
     @classmethod
     def for_run(cls, run: Any) -> "SaveTimer":
-        return cls(run._event, run.rank, lambda: (run.global_step, run.checkpoint_step))
+        return cls(run.engine.event, run.rank, lambda: (run.global_step, run.checkpoint_step))
 
     @contextlib.contextmanager
     def stall(self, kind: CheckpointKind, event: bool = True) -> Iterator[None]:
-        """Around the training thread's part of a save (`with run._saves.stall(kind):`)."""
+        """Around the training thread's part of a save (`with engine.saves.stall(kind):`)."""
         self._depth += 1
         t0 = time.monotonic()
         try:
@@ -51,5 +51,5 @@ class SaveTimer:
             event: bool = True) -> None:
         self.total += seconds
         if event and self.rank == 0:
-            self.emit(EVENT_CHECKPOINT_SAVED, step=step, kind=kind.value, seconds=round(seconds, 4),
+            self.emit(Event.CHECKPOINT_SAVED, step=step, kind=kind.value, seconds=round(seconds, 4),
                       saving_seconds=round(self.total, 4), checkpoint_step=checkpoint_step)

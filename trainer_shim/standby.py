@@ -16,6 +16,8 @@ import os
 import runpy
 import sys
 
+from .rundir import EXIT_OK
+
 MODULE = "torch.distributed.run"
 
 
@@ -24,7 +26,7 @@ def main() -> None:
 
     line = sys.stdin.readline()
     if not line.strip():
-        sys.exit(0)
+        sys.exit(EXIT_OK)  # the supervisor closed our stdin: not needed after all
     env = json.loads(line)["env"]
     os.environ.clear()
     os.environ.update(env)

@@ -23,7 +23,7 @@ import os
 import runpy
 import sys
 
-from .rundir import StandbyMessage
+from .rundir import EXIT_OK, StandbyMessage
 
 
 def main() -> None:
@@ -50,7 +50,7 @@ def main() -> None:
         open(ready, "w").close()
     msg = StandbyMessage.from_line(sys.stdin.buffer.readline())
     if msg is None:
-        sys.exit(0)
+        sys.exit(EXIT_OK)
     os.environ.clear()
     os.environ.update(msg.env)
     # The attempt must not inherit the supervisor's pipe as its stdin (a cold attempt gets /dev/null).

@@ -2,13 +2,34 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
 import pytest
 
 from tests.conftest import REPO, child_env
-from trainer_shim.rundir import ENV_ALLOW_RESHARD, ENV_ATTEMPT, ENV_NODE, RESUME_NONE, EnvError, RunEnv
+from trainer_shim import provenance
+from trainer_shim.rundir import (
+    ENV_ALLOW_RESHARD, ENV_ATTEMPT, ENV_DOCTOR, ENV_DOCTOR_FAULTS, ENV_DOCTOR_STEPS, ENV_LAST_FAILURE, ENV_NAMES,
+    ENV_NODE, ENV_RESUME_FROM, ENV_RUN_DIR, ENV_STRICT_RESUME, FAULT_KILL, FAULT_RAISE, RESUME_NONE, EnvError, RunEnv,
+)
+from trainer_shim.rundir import env as env_module
+
+# A valid value for each variable and the RunEnv it parses to (the table is the test that RunEnv
+# reads every name: a variable added to ENV_NAMES without a row fails below).
+VALID = {
+    ENV_RUN_DIR: ("/r", {"run_dir": "/r"}),
+    ENV_ATTEMPT: ("3", {"attempt": 3}),
+    ENV_RESUME_FROM: (RESUME_NONE, {"resume_from": RESUME_NONE}),
+    ENV_LAST_FAILURE: ("oom", {"last_failure": "oom"}),
+    ENV_ALLOW_RESHARD: ("yes", {"allow_reshard": True}),
+    ENV_NODE: ("1", {"node": 1}),
+    ENV_STRICT_RESUME: ("on", {"strict_resume": True}),
+    ENV_DOCTOR: ("/tmp/d.jsonl", {"doctor_log": "/tmp/d.jsonl"}),
+    ENV_DOCTOR_FAULTS: ("41:raise, 17", {"doctor_faults": ((17, FAULT_KILL), (41, FAULT_RAISE))}),
+    ENV_DOCTOR_STEPS: ("60", {"doctor_steps": 60}),
+}
 
 
 @pytest.mark.parametrize("word", ["0", "false", "no", "off", "FALSE", "Off", " no "])
@@ -28,7 +49,9 @@ def test_unset_or_empty_leaves_the_choice_to_init() -> None:
 
 
 @pytest.mark.parametrize("name, value", [(ENV_ALLOW_RESHARD, "maybe"), (ENV_ATTEMPT, "two"), (ENV_ATTEMPT, "0"),
-                                         (ENV_NODE, "-1")])
+                                         (ENV_NODE, "-1"), (ENV_STRICT_RESUME, "strict"), (ENV_DOCTOR_STEPS, "ten"),
+                                         (ENV_DOCTOR_STEPS, "0"), (ENV_DOCTOR_FAULTS, "17:explode"),
+                                         (ENV_DOCTOR_FAULTS, "x:kill")])
 def test_a_bad_value_is_a_one_line_error_naming_the_variable(name: str, value: str) -> None:
     with pytest.raises(EnvError) as e:
         RunEnv.from_environ({name: value})
@@ -58,3 +81,37 @@ def test_the_shim_refuses_a_bad_allow_reshard_in_one_line(tmp_path) -> None:
     p = subprocess.run([sys.executable, "-c", _SHOW_RESHARD, str(tmp_path / "run")], cwd=REPO, capture_output=True,
                        text=True, timeout=120, env=child_env(**{ENV_ALLOW_RESHARD: "maybe"}))
     assert p.returncode != 0 and f"{ENV_ALLOW_RESHARD}='maybe' is not valid" in p.stderr, p.stderr[-2000:]
+
+
+def test_env_declares_every_resilient_name_the_product_mentions() -> None:
+    # Code, docstrings and the README: a RESILIENT_* name anywhere is one of env.py's.
+    sources = [*(REPO / "supervisor").rglob("*.py"), *(REPO / "trainer_shim").rglob("*.py"), REPO / "README.md"]
+    seen = {m for p in sources for m in re.findall(r"RESILIENT_[A-Z0-9_]*[A-Z0-9]", p.read_text())}
+    assert seen <= set(ENV_NAMES), sorted(seen - set(ENV_NAMES))
+    declared = {v for k, v in vars(env_module).items() if k.startswith("ENV_") and isinstance(v, str)}
+    assert declared == set(ENV_NAMES) and len(ENV_NAMES) == len(set(ENV_NAMES))
+
+
+def test_runenv_parses_every_name() -> None:
+    assert set(VALID) == set(ENV_NAMES)
+    for name, (value, fields) in VALID.items():
+        assert RunEnv.from_environ({name: value}) == RunEnv(**fields), name
+
+
+@pytest.mark.parametrize("word, want", [("false", False), ("0", False), ("off", False), ("NO", False),
+                                        ("true", True), ("1", True), ("yes", True), ("", None)])
+def test_strict_resume_words(word: str, want) -> None:
+    # Before: provenance read the variable itself, and any value but "" and "0" turned strict ON.
+    env = RunEnv.from_environ({ENV_STRICT_RESUME: word})
+    assert env.strict_resume is want
+    assert provenance.strict_from_env(env) is bool(want)
+
+
+_SHOW_STRICT = "import sys, trainer_shim; print(trainer_shim.init(run_dir=sys.argv[1]).strict_resume)"
+
+
+@pytest.mark.parametrize("word, want", [("false", "False"), ("1", "True")])
+def test_the_shim_honours_strict_resume_words(tmp_path, word: str, want: str) -> None:
+    p = subprocess.run([sys.executable, "-c", _SHOW_STRICT, str(tmp_path / "run")], cwd=REPO, capture_output=True,
+                       text=True, timeout=120, env=child_env(**{ENV_STRICT_RESUME: word}))
+    assert p.returncode == 0 and p.stdout.split() == [want], p.stderr[-2000:]

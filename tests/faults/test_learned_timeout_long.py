@@ -1,4 +1,4 @@
-"""Issue 16's goal as stated, in the long campaign: saves of 8 s and steps of 0.05 s never trip the learned
+"""The learned timeout's goal as stated, in the long campaign: saves of 8 s and steps of 0.05 s never trip the learned
 heartbeat timeout, and a training hang is caught within 5 x p99 + the floor."""
 
 from __future__ import annotations

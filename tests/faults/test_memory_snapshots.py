@@ -1,4 +1,4 @@
-"""Memory snapshots that survive the trainer (issue 14): kill -9 loses at most one step, the
+"""Memory snapshots that survive the trainer: kill -9 loses at most one step, the
 supervisor persists the snapshot, a half-written or untrusted slot is never used, no slot is left."""
 
 from __future__ import annotations

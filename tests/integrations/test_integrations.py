@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from tests.conftest import PYTHON, REPO
-from trainer_shim.rundir import EVENT_CHECKPOINT_SAVED, Event
+from trainer_shim.rundir import Event
 from tests.supervisor.helpers import run_cli, start_cli, sup_env
 from tests.support import assert_equal_state, ended_kinds, events, heartbeat, kill_group, wait_until, weights
 
@@ -93,8 +93,8 @@ def _campaign(spec: dict, tmp_path: Path) -> list[str]:
 
     v = run_cli("checkpoints", str(run), "--verify", "--json", env=env)
     assert v.returncode == 0, v.stdout + v.stderr
-    # Time spent saving (issue 15's report): each committed save priced, the attempt's total running.
-    saved = events(run, EVENT_CHECKPOINT_SAVED)
+    # Time spent saving (as `report` prices it): each committed save priced, the attempt's total running.
+    saved = events(run, Event.CHECKPOINT_SAVED)
     assert saved and all(0 < e["seconds"] <= e["saving_seconds"] for e in saved), saved
     return rejected
 

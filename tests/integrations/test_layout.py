@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trainer_shim.integrations._session import hash_tree, make_manifest, rotate, write_manifest
-from trainer_shim.rundir import CheckpointKind
+from trainer_shim.retention import Retention
+from trainer_shim.rundir import CheckpointKind, Manifest, commit, ensure_run_dir
 
 
 def _checkpoint(root: Path, step: int, manifest: bool = True) -> Path:
@@ -13,8 +13,9 @@ def _checkpoint(root: Path, step: int, manifest: bool = True) -> Path:
     d.mkdir(parents=True)
     (d / "model.safetensors").write_bytes(bytes([step % 256]) * 100)
     if manifest:
-        write_manifest(d, make_manifest(hash_tree(d), step=step, epoch=0, batch_in_epoch=0,
-                                        kind=CheckpointKind.STEP, loss=None))
+        manifest = Manifest.create(commit.hash_tree(d), step=step, epoch=0, batch_in_epoch=0,
+                                   kind=CheckpointKind.STEP, loss=None)
+        commit.commit_in_place(d, manifest.to_bytes())
     return d
 
 
@@ -23,9 +24,11 @@ def test_rotation_keeps_the_newest_the_resumed_one_and_anything_it_cannot_judge(
         _checkpoint(tmp_path, s)
     torn = _checkpoint(tmp_path, 25, manifest=False)  # e.g. being written, or torn: never rotated away
     resumed = tmp_path / "checkpoint-5"
-    deleted = rotate([tmp_path], keep_last=2, protected=[tmp_path / "checkpoint-20", resumed])
-    assert deleted == ["checkpoint-10"]
-    left = sorted(p.name for p in tmp_path.iterdir())
+    rd = ensure_run_dir(tmp_path / "run")
+    retention = Retention(rd, lambda: [tmp_path], keep_last=2, keep_epochs=2, keep_best=0, background=False)
+    retention.resumed_step = 5
+    retention.rotate(protect={"checkpoint-20"})
+    left = sorted(p.name for p in tmp_path.iterdir() if p.name != "run")
     assert left == ["checkpoint-15", "checkpoint-20", "checkpoint-25", "checkpoint-5"], left
     assert torn.exists() and resumed.exists()
 

@@ -1,4 +1,4 @@
-"""A tiny deterministic trainer for the divergence guard tests (issue 16).
+"""A tiny deterministic trainer for the divergence guard tests.
 
 Batches are a function of the step, so a resumed run continues bit-exactly. Knobs (test-only):
   RRTEST_NAN_AFTER_RESUME_FROM=N  resumed from the checkpoint of step N: the loss is NaN 3 steps later

@@ -1,4 +1,4 @@
-"""A job for the raw memory-snapshot restore tests (issue 14).
+"""A job for the raw memory-snapshot restore tests.
 
 `snap`: train N steps with a memory snapshot every step (a disk save every --save-every), torch.save
 the state reached after each step, and after one step more (not snapshotted), to --expect

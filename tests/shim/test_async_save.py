@@ -1,4 +1,4 @@
-"""init(async_save=True): isolation of the snapshot, writer failures, waiting at the end (issue 14)."""
+"""init(async_save=True): isolation of the snapshot, writer failures, waiting at the end."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 16, auto save interval: Young/Daly on a simulated Poisson failure trace vs a sweep of fixed intervals."""
+"""Auto save interval: Young/Daly on a simulated Poisson failure trace vs a sweep of fixed intervals."""
 
 from __future__ import annotations
 
@@ -85,7 +85,7 @@ def test_init_auto_uses_the_run_dirs_mtbf_and_the_measured_save(tmp_path):
         f"run = trainer_shim.init(model=m, optimizer=o, run_dir={str(rd)!r}, save_every_seconds='auto')\n"
         "before = run.save_every_seconds\n"
         "run.save()\n"
-        "print(json.dumps([before, run.save_every_seconds, run._auto.save_cost_s]))\n"
+        "print(json.dumps([before, run.save_every_seconds, run.engine.auto.save_cost_s]))\n"
         "run.finish()\n"
     )
     p = subprocess.run([PYTHON, "-c", code], env=sup_env(), capture_output=True, text=True, timeout=120)

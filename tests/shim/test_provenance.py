@@ -1,4 +1,4 @@
-"""Issue 16, provenance: a resume with other arguments warns once (resume_mismatch); --strict-resume refuses."""
+"""Provenance: a resume with other arguments warns once (resume_mismatch); --strict-resume refuses."""
 
 from __future__ import annotations
 

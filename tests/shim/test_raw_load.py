@@ -1,4 +1,4 @@
-"""raw_tensors.load in-process (issue 14): bytes read straight into contiguous live tensors,
+"""raw_tensors.load in-process: bytes read straight into contiguous live tensors,
 strided live targets and saved strides honoured, nothing aliases the file, a bad digest names
 the tensor and says whether live bytes had changed, the two-reader split gives the same result."""
 

@@ -1,4 +1,4 @@
-"""Memory snapshots in the raw layout (issue 14): a restart reads the bytes straight into the live
+"""Memory snapshots in the raw layout: a restart reads the bytes straight into the live
 tensors, materialises optimizer state that does not exist yet, and trains on bit-exact; a corrupt
 tensor rejects the slot and the disk checkpoint replaces whatever it touched, or, with none left,
 the attempt ends and the next starts fresh; a slot persisted to disk loads with the one reader."""

@@ -1,4 +1,4 @@
-"""Issue 16, init(resume=...): `ask` prompts on a real terminal only; `never` starts fresh elsewhere, deleting nothing."""
+"""init(resume=...): `ask` prompts on a real terminal only; `never` starts fresh elsewhere, deleting nothing."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 16, divergence guard: a checkpoint that trains into NaN is condemned; fresh divergence gives up."""
+"""Divergence guard: a checkpoint that trains into NaN is condemned; fresh divergence gives up."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 16, `resilient-run export`: verified, consolidated, one file; bad input is exit 2 in one line."""
+"""`resilient-run export`: verified, consolidated, one file; bad input is exit 2 in one line."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 16, `--heartbeat-timeout auto`: slow saves never trip the learned limit; a training hang is caught fast."""
+"""`--heartbeat-timeout auto`: slow saves never trip the learned limit; a training hang is caught fast."""
 
 from __future__ import annotations
 

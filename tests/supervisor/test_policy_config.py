@@ -1,4 +1,4 @@
-"""Issue 16, the `policy:` section: parsing, one-line errors, the template language, per-kind budgets."""
+"""The `policy:` section: parsing, one-line errors, the template language, per-kind budgets."""
 
 from __future__ import annotations
 

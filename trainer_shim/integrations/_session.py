@@ -1,113 +1,61 @@
 """What both framework callbacks share: one process's run-dir session.
 
-Heartbeats, the SIGTERM stop flag, SIGUSR1 stack dumps, the error record of an uncaught
-exception, events, committing a checkpoint dir (manifest last, fsynced), the index, `latest`,
-rotation and the choice of the checkpoint to resume from. All of it is the shim's own code
-(rundir, heartbeat, signals, rotation); nothing here imports a framework.
+Heartbeats, the process hooks (SIGTERM stop flag, SIGUSR1 stack dumps, the error record of an
+uncaught exception), events, the index, `latest`, rotation and the choice of the checkpoint to
+resume from. All of it is the engine's own code (rundir and its commit protocol, heartbeat,
+hooks, retention): the callbacks only translate framework calls; nothing here imports a framework.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import sys
 import time
-import traceback
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Iterable, Optional
 
-from .. import rotation, rundir, signals
+from .. import rundir
 from ..errors import ConfigError
 from ..heartbeat import Heartbeat
-from ..rundir import CheckpointKind, ErrorRecord, Event, FileEntry, Manifest, Phase, RunEnv, StepMark
+from ..hooks import ProcessHooks, record_exception
+from ..retention import Retention
+from ..rundir import Event, Manifest, Phase, RunEnv, StepMark
+
+
+def product_env() -> RunEnv:
+    """This process's RESILIENT_* environment; a bad value is a one-line ConfigError."""
+    try:
+        return RunEnv.from_environ(os.environ)
+    except rundir.EnvError as e:
+        raise ConfigError(str(e)) from e
 
 
 def say(msg: str) -> None:
     print(f"trainer_shim: {msg}", file=sys.stderr, flush=True)
 
 
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def hash_tree(directory: Path) -> dict[str, FileEntry]:
-    """Size and xxh3-128 of every file under `directory` (the manifest excluded), each fsynced."""
-    files: dict[str, FileEntry] = {}
-    for dirpath, dirnames, filenames in os.walk(directory):
-        dirnames.sort()
-        for name in sorted(filenames):
-            full = Path(dirpath) / name
-            rel = full.relative_to(directory).as_posix()
-            if rel == rundir.MANIFEST_NAME or full.is_symlink():
-                continue
-            _fsync_file(full)
-            files[rel] = FileEntry(full.stat().st_size, rundir.digest_file(full))
-        rundir.fsync_dir(Path(dirpath))
-    return files
-
-
-def make_manifest(files: dict[str, FileEntry], *, step: int, epoch: int, batch_in_epoch: int,
-                  kind: CheckpointKind, loss: Optional[float]) -> Manifest:
-    torch = sys.modules.get("torch")
-    return Manifest(global_step=step, epoch=epoch, batch_in_epoch=batch_in_epoch, kind=kind, loss=loss,
-                    created_at=rundir.now_iso(), files=files,
-                    torch_version=getattr(torch, "__version__", None), python_version=sys.version.split()[0])
-
-
-def write_manifest(directory: Path, manifest: Manifest) -> None:
-    """MANIFEST.json into an already-named dir: temp file, fsync, rename, fsync the dir."""
-    rundir.atomic_write_bytes(directory / rundir.MANIFEST_NAME,
-                              (json.dumps(manifest.to_json(), indent=1, sort_keys=True) + "\n").encode())
-
-
-def rotate(roots: Iterable[Path], *, keep_last: int, protected: Iterable[Path] = ()) -> list[str]:
-    """Delete committed checkpoints beyond the newest `keep_last` (per pool, as for native runs),
-    never one in `protected` (the one just written, the one resumed from, a framework's best)
-    nor one that does not validate (a torn newer one is discarded on resume instead). Returns
-    the names deleted."""
-    entries, paths = [], {}
-    for step, path, _root in rundir.iter_checkpoint_dirs([Path(r) for r in roots]):
-        try:
-            info = rundir.inspect_checkpoint(path)
-        except rundir.InvalidCheckpoint:
-            continue
-        paths[path.name] = path
-        entries.append(rotation.Entry(path.name, step, info.manifest.kind, info.manifest.loss))
-    names = rotation.to_delete(entries, keep_last=keep_last, keep_epochs=keep_last, keep_best=0,
-                               protected={Path(p).name for p in protected})
-    for name in sorted(names):
-        shutil.rmtree(paths[name], ignore_errors=True)
-    return sorted(names)
-
-
 class Session:
     """One training process's side of the run dir (rank 0 of a single-process job)."""
 
     def __init__(self, run_dir: Path, *, heartbeat_interval: float = 1.0, keep_last: int = 3) -> None:
-        try:
-            self.env = RunEnv.from_environ(os.environ)
-        except rundir.EnvError as e:
-            raise ConfigError(str(e)) from e
+        self.env = product_env()
         self.rd = rundir.ensure_run_dir(run_dir)
         self.attempt = self.env.attempt
-        self.keep_last = keep_last
+        self._rotation_roots: list[Path] = []
+        # Deleted before returning: a framework's process may end (or be killed) right after a save.
+        self.retention = Retention(self.rd, lambda: self._rotation_roots, keep_last=keep_last,
+                                   keep_epochs=keep_last, keep_best=0, background=False)
         self.resumed_from: Optional[Path] = None
         self.checkpoint_step: Optional[int] = None
-        self.stop = signals.StopFlag()
         self.hb = Heartbeat(self.rd.heartbeat(0), rank=0, attempt=self.attempt, interval=heartbeat_interval)
         self.mark = StepMark(self.rd.step_mark(0))  # before the first beat: the supervisor's reached_step relies on it
         self.hb.write_now()  # phase starting: the supervisor's startup clock stops here
         self.hb.start()
-        signals.install_stack_dumps(self.rd.stacks_file(os.getpid()))
-        signals.install_excepthook(self._on_exception)
-        signals.tie_forked_children()
-        signals.die_with_launcher()
+        # Installed together, removed together at finish (or by the next Run/Session of this
+        # process); SIGTERM waits for install_stop(), after the framework's own handler.
+        self.hooks = ProcessHooks().install(self.rd, self._on_exception, stop_now=False)
+        self.stop = self.hooks.stop
         self._stopped = False
         self._hb_last = 0.0
         self._before_eval = Phase.STARTING.value
@@ -154,35 +102,29 @@ class Session:
         self.event(Event.CHECKPOINT_REJECTED, path=str(path), reason=reason)
 
     def _on_exception(self, tp: type, value: BaseException, tb: Optional[TracebackType]) -> None:
-        if issubclass(tp, (SystemExit, KeyboardInterrupt)):
-            return
-        rec = ErrorRecord(type=signals.qualified_name(tp), message=str(value),
-                          traceback="".join(traceback.format_exception(tp, value, tb)),
-                          step=self.hb.fields.get("step"), time=rundir.now_iso())
-        try:
-            rundir.atomic_write_json(self.rd.error_file(self.attempt), rec.to_json())
-        except OSError as e:
-            say(f"warning: cannot write {self.rd.error_file(self.attempt)}: {e}")
+        if not issubclass(tp, (SystemExit, KeyboardInterrupt)):
+            record_exception(self.rd, self.attempt, 0, tp, value, tb, step=self.hb.fields.get("step"))
 
     # --- resume --------------------------------------------------------------------------------
 
     def choose(self, roots: Iterable[Path]) -> Optional[rundir.CheckpointInfo]:
-        """The supervisor's choice (RESILIENT_RESUME_FROM) if it verifies, else the newest valid one."""
-        roots = [Path(r) for r in roots]
-        requested = self.env.resume_from
-        if self.env.fresh_start_requested:
-            return None
-        below = None
-        if requested:
-            try:
-                info = rundir.inspect_checkpoint(Path(requested), full=True)
-                self.resumed_from = info.path
-                return info
-            except rundir.InvalidCheckpoint as e:
-                self.reject(e.path, e.reason)
-                below = rundir.parse_checkpoint_name(Path(requested).name)
-        info = rundir.newest_valid(roots, full=True, below_step=below, on_reject=self.reject)
+        """The supervisor's choice (RESILIENT_RESUME_FROM) if it verifies, else the newest valid one:
+        the chooser of native runs, over the framework's roots, every file's digest checked."""
+        info = rundir.choose([Path(r) for r in roots], self.env.resume_from, full=True, on_reject=self.reject)
         self.resumed_from = info.path if info else None
+        self.retention.resumed_step = info.step if info else None
+        return info
+
+    def resume(self, roots: Iterable[Path], writes_into: Path) -> Optional[rundir.CheckpointInfo]:
+        """Choose the checkpoint to resume from (see choose), remove the torn dirs newer than it in
+        `writes_into` (where the framework saves next) and record it in the heartbeat; None: fresh."""
+        info = self.choose(roots)
+        self.discard_newer([writes_into], info.step if info else -1)
+        if info is None:
+            return None
+        self.checkpoint_step = info.step
+        self.hb.fields.update(resumed_from=str(info.path), checkpoint_step=info.step)
+        say(f"resuming from {info.path} (step {info.step})")
         return info
 
     def discard_newer(self, roots: Iterable[Path], step: int) -> None:
@@ -194,31 +136,24 @@ class Session:
             try:
                 rundir.inspect_checkpoint(path)
             except rundir.InvalidCheckpoint:
-                gone = path.with_name(f"{rundir.TMP_PREFIX}rejected-{path.name}")
-                shutil.rmtree(gone, ignore_errors=True)
-                os.rename(path, gone)
-                shutil.rmtree(gone, ignore_errors=True)
+                rundir.commit.discard(path, "rejected")
 
     # --- commit --------------------------------------------------------------------------------
 
+    def set_keep_last(self, n: int) -> None:
+        """How many checkpoints rotation keeps (per pool, as for native runs)."""
+        self.retention.keep_last = self.retention.keep_epochs = n
+
     def committed(self, path: Path, manifest: Manifest, roots: Iterable[Path], protect: Iterable[Path] = ()) -> None:
-        """After a checkpoint dir got its manifest: `latest`, index, rotation, heartbeat field."""
+        """After a checkpoint dir got its manifest: `latest`, index, rotation (never the one just
+        written, the one resumed from, nor one in `protect`), heartbeat field."""
         rel = os.path.relpath(path, self.rd.checkpoints)
         rundir.repoint_latest(self.rd.checkpoints, rel)
-        idx = rundir.read_index(self.rd)
-        idx[path.name] = rundir.index_entry(manifest, is_best=False, directory=path)
         self.checkpoint_step = manifest.global_step
         self.hb.fields["checkpoint_step"] = manifest.global_step
-        self._rotate([Path(r) for r in roots], idx, keep=[path, *protect])
-
-    def _rotate(self, roots: list[Path], idx: dict, keep: list[Path]) -> None:
-        protected = [*keep, *([self.resumed_from] if self.resumed_from else [])]
-        for name in rotate(roots, keep_last=self.keep_last, protected=protected):
-            idx.pop(name, None)
-        try:
-            rundir.atomic_write_json(self.rd.index, idx)
-        except OSError as e:
-            say(f"warning: cannot write {self.rd.index}: {e}")
+        self._rotation_roots = [Path(r) for r in roots]
+        self.retention.add(path, manifest)
+        self.retention.rotate(protect={path.name, *(Path(p).name for p in protect)})
 
     # --- stop ----------------------------------------------------------------------------------
 
@@ -231,9 +166,14 @@ class Session:
             f"exiting {rundir.EXIT_PREEMPTED}")
         sys.exit(rundir.EXIT_PREEMPTED)
 
+    def install_stop(self) -> None:
+        """SIGTERM/SIGINT now mean "checkpoint at this step's end, exit 75" (see exit_preempted)."""
+        self.hooks.install_stop()
+
     def finish(self) -> None:
         if not self._stopped:
             self._stopped = True
+            self.hooks.uninstall()
             self.hb.stop()
             self.hb.write_now(phase=Phase.FINISHED.value)
             self.mark.close()

@@ -24,10 +24,10 @@ from typing import Any, Optional
 from transformers import TrainerCallback
 
 from .. import rundir
-from ..rundir import CheckpointKind, Event, Phase, hf_checkpoint_name, read_extra_roots, record_extra_root
+from ..rundir import CheckpointKind, Event, Manifest, Phase, hf_checkpoint_name, read_extra_roots, record_extra_root
 from ..save_time import SaveTimer
 from ._doctor import FrameworkDoctor
-from ._session import Session, hash_tree, make_manifest, say, write_manifest
+from ._session import Session, product_env, say
 
 __all__ = ["ResilientCallback"]
 
@@ -65,7 +65,7 @@ class ResilientCallback(TrainerCallback):
     def _start(self, output_dir: os.PathLike | str) -> Session:
         if self.session is None:
             self.output_dir = Path(os.path.abspath(output_dir))
-            root = os.environ.get(rundir.ENV_RUN_DIR) or self.run_dir or self.output_dir
+            root = product_env().run_dir or self.run_dir or self.output_dir
             self.session = Session(Path(root), heartbeat_interval=self.heartbeat_interval)
             self._doctor = FrameworkDoctor.from_env(self.session.attempt)
             self._saves = SaveTimer(self.session.event)
@@ -89,14 +89,9 @@ class ResilientCallback(TrainerCallback):
         removed so the Trainer never writes into one.
         """
         s = self._start(output_dir)
-        info = s.choose(self._roots())
-        s.discard_newer([self.output_dir], info.step if info else -1)
-        if info is None:
-            return None
-        s.checkpoint_step = info.step
-        s.hb.fields.update(resumed_from=str(info.path), checkpoint_step=info.step)
-        say(f"resuming from {info.path} (step {info.step})")
-        return str(info.path)
+        assert self.output_dir is not None
+        info = s.resume(self._roots(), self.output_dir)
+        return str(info.path) if info else None
 
     def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._start(args.output_dir)
@@ -106,9 +101,9 @@ class ResilientCallback(TrainerCallback):
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         s = self._start(args.output_dir)
-        s.stop.install()
+        s.install_stop()
         self._limit = args.save_total_limit
-        s.keep_last = self._limit if self._limit else _UNLIMITED
+        s.set_keep_last(self._limit if self._limit else _UNLIMITED)
         args.save_total_limit = None  # we rotate, after our manifest is committed
         # The phase stays `starting` (startup timeout) until the first step ends: the Trainer may
         # still restore state and skip batches here.
@@ -172,9 +167,10 @@ class ResilientCallback(TrainerCallback):
             return
         kind = CheckpointKind.PREEMPT if self._stopping else CheckpointKind.STEP
         try:
-            manifest = make_manifest(hash_tree(path), step=state.global_step, epoch=int(state.epoch or 0),
-                                     batch_in_epoch=0, kind=kind, loss=self._loss)
-            write_manifest(path, manifest)
+            # The Trainer named the dir already: committed in place (its manifest by temp file and rename).
+            manifest = Manifest.create(rundir.commit.hash_tree(path), step=state.global_step,
+                                       epoch=int(state.epoch or 0), batch_in_epoch=0, kind=kind, loss=self._loss)
+            rundir.commit.commit_in_place(path, manifest.to_bytes())
         except OSError as e:
             s.event(Event.CHECKPOINT_FAILED, path=str(path), error=f"{e.strerror or e}")
             say(f"warning: cannot commit {path}: {e}; training continues")

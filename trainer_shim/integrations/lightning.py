@@ -21,11 +21,11 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .. import rundir
-from ..rundir import LIGHTNING_CKPT, CheckpointKind, Event, Phase
+from ..rundir import LIGHTNING_CKPT, CheckpointKind, Event, Manifest, Phase
 from ._resumable import ResumableLoader
 from ..save_time import SaveTimer
 from ._doctor import FrameworkDoctor
-from ._session import Session, hash_tree, make_manifest, say, write_manifest
+from ._session import Session, product_env, say
 
 _BASES: list[type] = []
 try:
@@ -70,7 +70,7 @@ class _Resilient:
 
     def _start(self, default_root: os.PathLike | str) -> Session:
         if self.session is None:
-            root = os.environ.get(rundir.ENV_RUN_DIR) or self.run_dir or default_root
+            root = product_env().run_dir or self.run_dir or default_root
             self.session = Session(Path(root), heartbeat_interval=self.heartbeat_interval, keep_last=self.keep_last)
             self._doctor = FrameworkDoctor.from_env(self.session.attempt)
             self._saves = SaveTimer(self.session.event)
@@ -82,15 +82,8 @@ class _Resilient:
         None on a fresh start. Without $RESILIENT_RUN_DIR or ``run_dir=``, the run dir is the
         current directory (Lightning's default ``default_root_dir``)."""
         s = self._start(os.getcwd())
-        roots = rundir.checkpoint_roots(s.rd)
-        info = s.choose(roots)
-        s.discard_newer([s.rd.checkpoints], info.step if info else -1)
-        if info is None:
-            return None
-        s.checkpoint_step = info.step
-        s.hb.fields.update(resumed_from=str(info.path), checkpoint_step=info.step)
-        say(f"resuming from {info.path} (step {info.step})")
-        return str(info.path / LIGHTNING_CKPT)
+        info = s.resume(rundir.checkpoint_roots(s.rd), s.rd.checkpoints)
+        return str(info.path / LIGHTNING_CKPT) if info else None
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if stage != "fit":
@@ -117,7 +110,7 @@ class _Resilient:
             return
         # After Lightning's own SIGTERM handler (it would raise SystemExit(1) at the next batch,
         # before our save): SIGTERM now means "save at this step's end and exit 75".
-        s.stop.install()
+        s.install_stop()
         s.beat(trainer.global_step, trainer.current_epoch, Phase.STARTING.value)  # `training` from the first step on
 
     # --- per step ------------------------------------------------------------------------------
@@ -165,22 +158,18 @@ class _Resilient:
         if final.exists():
             self._saved_step = step
             return final
-        tmp = s.rd.checkpoints / f"{rundir.TMP_PREFIX}{final.name}"
+        tmp = rundir.commit.tmp_dir(s.rd.checkpoints, final.name)
         t0 = time.monotonic()
         s.hb.begin_save()
         try:
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(mode=0o700)
+            rundir.commit.fresh_tmp_dir(s.rd.checkpoints, final.name)
             trainer.save_checkpoint(tmp / LIGHTNING_CKPT, weights_only=False)  # full state: optimizer, loops, loader
             if not trainer.is_global_zero:
                 return None
-            loss = s.hb.fields.get("loss")
             batch = self._loader.batches if self._loader is not None else 0
-            manifest = make_manifest(hash_tree(tmp), step=step, epoch=trainer.current_epoch, batch_in_epoch=batch,
-                                     kind=kind, loss=loss)
-            write_manifest(tmp, manifest)
-            os.rename(tmp, final)
-            rundir.fsync_dir(final.parent)
+            manifest = Manifest.create(rundir.commit.hash_tree(tmp), step=step, epoch=trainer.current_epoch,
+                                       batch_in_epoch=batch, kind=kind, loss=s.hb.fields.get("loss"))
+            rundir.commit.commit_dir(tmp, final, manifest.to_bytes(), repoint=False)  # `latest`: s.committed
         except OSError as e:
             shutil.rmtree(tmp, ignore_errors=True)
             s.event(Event.CHECKPOINT_FAILED, path=str(final), error=f"{e.strerror or e}")

@@ -8,22 +8,24 @@ supervisor imports it on machines without torch.
 
 One module per idea:
 
-    errors     ContractError (the base), InvalidCheckpoint, EnvError
-    env        RESILIENT_* names, exit codes, RunEnv (the product environment, parsed once)
+    errors     ShimError (the root of every shim error), ContractError (the contract's base),
+               InvalidCheckpoint, EnvError
+    env        every RESILIENT_* name; RunEnv (the product environment, parsed once), parse_bool
+    exits      every exit code: the trainer's (preempted, diverged, refused, crash) and the commands'
+    kinds      Kind (how an attempt ended), the error-record types that name a kind
     layout     RunDir (every path), file-name builders and parsers, ensure_run_dir
     atomic     atomic/durable writes, tolerant JSON reads
     clock      now_iso, iso_at (timestamps in records)
     records    Phase, HeartbeatRecord, RunState, SupervisorState, ErrorRecord, StandbyMessage
     stepmark   StepMark / read_step_mark: the last step a rank really reached
-    events     Event (every event name), append/read events, poisoning
+    events     Event (every event name), append/read events, poisoning, gave_up reasons
     manifest   MANIFEST.json, CheckpointKind, checkpoint validation
     selection  newest valid checkpoint, the `latest` link
     commit     the one commit protocol (tmp dir, hashed members, manifest last, rename), discard
     index      checkpoint_metadata.json, checkpoint search roots
-    policies   issue 16: EXIT_DIVERGED, strict-resume env, learned-timeout file
-    insight    doctor mode (RESILIENT_DOCTOR*), digest-log records, the first_step event
     frameworks HF Trainer / Lightning layouts: checkpoint-N dirs, extra roots, member names
     snapshots  memory snapshot slots in /dev/shm: names, the owner/mode trust rule, find/persist/free
+    doctor     doctor mode: digest-log record kinds, injected faults
 
 Run-dir layout::
 
@@ -52,21 +54,26 @@ Run-dir layout::
 from . import commit
 from .atomic import atomic_write_bytes, atomic_write_json, exchange, fsync_dir, read_json
 from .clock import iso_at, now_iso
+from .doctor import FAULT_KILL, FAULT_RAISE, MARK_BATCH, MARK_EPOCH, MARK_STEP, parse_faults
 from .env import (
-    ENV_ALLOW_RESHARD, ENV_ATTEMPT, ENV_LAST_FAILURE, ENV_NODE, ENV_RESUME_FROM, ENV_RUN_DIR, EXIT_PREEMPTED,
-    RESUME_NONE, RunEnv, parse_bool,
+    ENV_ALLOW_RESHARD, ENV_ATTEMPT, ENV_DOCTOR, ENV_DOCTOR_FAULTS, ENV_DOCTOR_STEPS, ENV_LAST_FAILURE, ENV_NAMES,
+    ENV_NODE, ENV_RESUME_FROM, ENV_RUN_DIR, ENV_STRICT_RESUME, RESUME_NONE, RunEnv, parse_bool,
 )
-from .errors import ContractError, EnvError, InvalidCheckpoint
-from .events import POISONED, Event, append_event, is_poisoning, next_attempt_number, poisoned_checkpoints, read_events
+from .errors import ContractError, EnvError, InvalidCheckpoint, ShimError
+from .events import (
+    DIVERGED_REASON, POISONED, Event, append_event, is_poisoning, next_attempt_number, poisoned_checkpoints,
+    read_events,
+)
+from .exits import (
+    EXIT_BAD_INPUT, EXIT_CRASH, EXIT_DIVERGED, EXIT_DOCTOR_FAILED, EXIT_EXACT, EXIT_GAVE_UP, EXIT_LOCKED,
+    EXIT_NOT_EXACT, EXIT_OK, EXIT_PREEMPTED, EXIT_REFUSED, EXIT_STOPPED, EXIT_SUPERVISOR_GONE, EXIT_USAGE,
+)
 from .frameworks import (
     HF_PREFIX, LIGHTNING_CKPT, ROOTS_FILE, hf_checkpoint_name, parse_hf_checkpoint_name, read_extra_roots,
     record_extra_root, roots_file,
 )
 from .index import checkpoint_roots, index_entry, read_index
-from .insight import (
-    ENV_DOCTOR, ENV_DOCTOR_FAULTS, ENV_DOCTOR_STEPS, EVENT_CHECKPOINT_SAVED, EVENT_FIRST_STEP, FAULT_KILL,
-    FAULT_RAISE, MARK_BATCH, MARK_EPOCH, MARK_STEP, parse_faults,
-)
+from .kinds import DIVERGED_ERROR_TYPE, RESUME_REFUSED_ERROR_TYPE, Kind
 from .layout import (
     CHECKPOINTS, CKPT_PREFIX, LATEST, NODES, RUN_DIR_MODE, TMP_PREFIX, RunDir, checkpoint_name,
     ensure_run_dir, heartbeat_name, inside, parse_checkpoint_name, parse_heartbeat_name, step_mark_name, tmp_dirs,
@@ -79,7 +86,7 @@ from .records import (
     HEARTBEAT_FIELDS, ErrorRecord, HeartbeatRecord, Phase, RunState, StandbyMessage, SupervisorState, read_heartbeat,
     read_heartbeat_record,
 )
-from .selection import iter_checkpoint_dirs, newest_valid, repoint_latest
+from .selection import choose, iter_checkpoint_dirs, newest_valid, repoint_latest
 from .snapshots import (
     SHM_DIR, SNAPSHOT_PREFIX, SNAPSHOT_SLOTS, TABLE_SUFFIX, TENSOR_REF, TENSORS_SUFFIX, snapshot_slot_paths,
     snapshot_slot_ranks,
@@ -87,20 +94,22 @@ from .snapshots import (
     complete_slots, free_slots, newest_complete, persist_newest, persist_slot, remove_slot,
 )
 from .stepmark import STEP_MARK_SIZE, StepMark, reached_step, read_step_mark
-from .policies import (
-    DIVERGED_ERROR_TYPE, DIVERGED_REASON, ENV_STRICT_RESUME, EXIT_DIVERGED, KIND_DIVERGED, LEARNED_TIMEOUTS_FILE,
-    ON_NONFINITE_CHOICES, RESUME_REFUSED_ERROR_TYPE,
-)
 
 __all__ = [
-    # issue 16: divergence, provenance refusal, learned timeouts
-    "EXIT_DIVERGED", "KIND_DIVERGED", "DIVERGED_REASON", "DIVERGED_ERROR_TYPE", "RESUME_REFUSED_ERROR_TYPE",
-    "ENV_STRICT_RESUME", "ON_NONFINITE_CHOICES", "LEARNED_TIMEOUTS_FILE",
+    # the commit protocol (module)
+    "commit",
     # errors
-    "ContractError", "InvalidCheckpoint", "EnvError",
-    # environment and exit codes
+    "ShimError", "ContractError", "InvalidCheckpoint", "EnvError",
+    # environment
     "ENV_RUN_DIR", "ENV_ATTEMPT", "ENV_RESUME_FROM", "ENV_LAST_FAILURE", "ENV_ALLOW_RESHARD", "ENV_NODE",
-    "RESUME_NONE", "EXIT_PREEMPTED", "RunEnv", "parse_bool",
+    "ENV_STRICT_RESUME", "ENV_DOCTOR", "ENV_DOCTOR_FAULTS", "ENV_DOCTOR_STEPS", "ENV_NAMES",
+    "RESUME_NONE", "RunEnv", "parse_bool",
+    # exit codes
+    "EXIT_OK", "EXIT_CRASH", "EXIT_REFUSED", "EXIT_DIVERGED", "EXIT_PREEMPTED", "EXIT_GAVE_UP", "EXIT_USAGE",
+    "EXIT_LOCKED", "EXIT_STOPPED", "EXIT_SUPERVISOR_GONE", "EXIT_EXACT", "EXIT_NOT_EXACT", "EXIT_DOCTOR_FAILED",
+    "EXIT_BAD_INPUT",
+    # failure kinds
+    "Kind", "DIVERGED_ERROR_TYPE", "RESUME_REFUSED_ERROR_TYPE",
     # layout
     "RunDir", "ensure_run_dir", "CHECKPOINTS", "NODES", "LATEST", "TMP_PREFIX", "CKPT_PREFIX", "RUN_DIR_MODE",
     "checkpoint_name", "parse_checkpoint_name", "heartbeat_name", "parse_heartbeat_name",
@@ -112,23 +121,21 @@ __all__ = [
     "RunState", "SupervisorState", "ErrorRecord", "StandbyMessage", "StepMark", "read_step_mark", "reached_step",
     "STEP_MARK_SIZE",
     # events
-    "Event", "POISONED", "append_event", "read_events", "next_attempt_number", "is_poisoning",
+    "Event", "POISONED", "DIVERGED_REASON", "append_event", "read_events", "next_attempt_number", "is_poisoning",
     "poisoned_checkpoints",
     # checkpoints
     "FORMAT_VERSION", "MANIFEST_NAME", "CheckpointKind", "FileEntry", "Manifest", "CheckpointInfo",
-    "new_hasher", "digest_file", "safe_member", "inspect_checkpoint", "commit_age", "iter_checkpoint_dirs", "newest_valid",
+    "new_hasher", "digest_file", "safe_member", "inspect_checkpoint", "commit_age", "iter_checkpoint_dirs", "newest_valid", "choose",
     "repoint_latest", "index_entry", "read_index", "checkpoint_roots",
-    "ENV_DOCTOR", "ENV_DOCTOR_FAULTS", "ENV_DOCTOR_STEPS", "EVENT_FIRST_STEP", "EVENT_CHECKPOINT_SAVED", "MARK_STEP",
-    "MARK_BATCH", "MARK_EPOCH", "FAULT_KILL", "FAULT_RAISE", "parse_faults",
-    # framework layouts (issue 13)
+    # framework layouts
     "HF_PREFIX", "hf_checkpoint_name", "parse_hf_checkpoint_name", "ROOTS_FILE", "roots_file", "read_extra_roots",
     "record_extra_root", "LIGHTNING_CKPT",
-    # memory snapshot slots (issue 14)
+    # memory snapshot slots
     "SHM_DIR", "SNAPSHOT_PREFIX", "SNAPSHOT_SLOTS", "TABLE_SUFFIX", "TENSORS_SUFFIX", "TENSOR_REF",
     "snapshot_slot_paths",
     "snapshot_slot_ranks",
     "untrusted_slot_reason",
     "complete_slots", "newest_complete", "persist_slot", "persist_newest", "free_slots", "remove_slot",
-    # the commit protocol (module)
-    "commit",
+    # doctor mode
+    "MARK_STEP", "MARK_BATCH", "MARK_EPOCH", "FAULT_KILL", "FAULT_RAISE", "parse_faults",
 ]

@@ -1,8 +1,10 @@
-"""Environment variables and exit codes the supervisor and the shim agree on.
+"""Every RESILIENT_* environment variable, and RunEnv: the product environment, parsed once.
 
-The product variables are parsed once, into `RunEnv`; nothing else reads `os.environ` for them, so
-a value means the same thing everywhere (a bare `!= "0"` test once turned `false` into *on*).
-Test-only knobs are not product settings and use the `RRTEST_` prefix, never `RESILIENT_`.
+The supervisor sets these for the trainer (and `resilient-run doctor` for its runs); nothing else
+reads `os.environ` for them, so a value means the same thing everywhere (a bare `!= "0"` test once
+turned `false` into *on*). Booleans follow one rule (`parse_bool`); a bad value is a one-line
+EnvError naming the variable. Test-only knobs are not product settings and use the `RRTEST_`
+prefix, never `RESILIENT_`.
 """
 
 from __future__ import annotations
@@ -11,18 +13,19 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Optional
 
+from .doctor import parse_faults
 from .errors import EnvError
 
 __all__ = [
     "ENV_RUN_DIR", "ENV_ATTEMPT", "ENV_RESUME_FROM", "ENV_LAST_FAILURE", "ENV_ALLOW_RESHARD", "ENV_NODE",
-    "RESUME_NONE", "EXIT_PREEMPTED", "RunEnv", "parse_bool",
+    "ENV_STRICT_RESUME", "ENV_DOCTOR", "ENV_DOCTOR_FAULTS", "ENV_DOCTOR_STEPS", "ENV_NAMES",
+    "RESUME_NONE", "RunEnv", "parse_bool",
 ]
 
 ENV_RUN_DIR = "RESILIENT_RUN_DIR"
 ENV_ATTEMPT = "RESILIENT_ATTEMPT"          # 1-based attempt number
 ENV_RESUME_FROM = "RESILIENT_RESUME_FROM"  # checkpoint dir chosen by the supervisor, or RESUME_NONE
-# Kind of the previous attempt's failure; set by the supervisor for the user's script (the shim
-# itself has no use for it, so RunEnv does not parse it).
+# Kind (a Kind value) of the previous attempt's failure; set by the supervisor for the user's script.
 ENV_LAST_FAILURE = "RESILIENT_LAST_FAILURE"
 # True: a sharded (DCP) checkpoint may be resumed at another world size (model and optimizer
 # reshard exactly; data order and per-rank RNG cannot continue the old world bitwise).
@@ -30,10 +33,19 @@ ENV_ALLOW_RESHARD = "RESILIENT_ALLOW_RESHARD"
 # Node rank of the supervisor that launched this process; set only for a multi-node job, whose
 # supervisors share the run dir and keep their own files in nodes/node-<N>/.
 ENV_NODE = "RESILIENT_NODE"
-RESUME_NONE = "none"                       # the supervisor found nothing valid: start fresh
+# True: a provenance mismatch on resume is an exit-2 refusal (set by `resilient-run --strict-resume`).
+ENV_STRICT_RESUME = "RESILIENT_STRICT_RESUME"
+# Doctor mode: the path of the per-step digest log (JSON lines) the shim appends to.
+ENV_DOCTOR = "RESILIENT_DOCTOR"
+# Faults the shim injects on itself in doctor mode: "17:kill,41:raise" (first time a step is reached).
+ENV_DOCTOR_FAULTS = "RESILIENT_DOCTOR_FAULTS"
+# In doctor mode the shim finishes the run cleanly once this step is reached.
+ENV_DOCTOR_STEPS = "RESILIENT_DOCTOR_STEPS"
 
-# The shim exits with this after saving a preempt checkpoint (EX_TEMPFAIL: "try again later").
-EXIT_PREEMPTED = 75
+ENV_NAMES = (ENV_RUN_DIR, ENV_ATTEMPT, ENV_RESUME_FROM, ENV_LAST_FAILURE, ENV_ALLOW_RESHARD, ENV_NODE,
+             ENV_STRICT_RESUME, ENV_DOCTOR, ENV_DOCTOR_FAULTS, ENV_DOCTOR_STEPS)
+
+RESUME_NONE = "none"                       # the supervisor found nothing valid: start fresh
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
@@ -64,6 +76,13 @@ def _parse_int(name: str, value: Optional[str], *, minimum: int) -> Optional[int
     return n
 
 
+def _parse_faults(value: Optional[str]) -> tuple[tuple[int, str], ...]:
+    try:
+        return tuple(sorted(parse_faults(value or "").items()))
+    except ValueError:
+        raise EnvError(ENV_DOCTOR_FAULTS, value or "", "STEP[:kill|raise],... e.g. 17:kill,41:raise") from None
+
+
 @dataclasses.dataclass(frozen=True)
 class RunEnv:
     """The product environment of one trainer process, as the supervisor set it (all optional)."""
@@ -75,6 +94,11 @@ class RunEnv:
     resume_from: Optional[str] = None
     node: Optional[int] = None
     allow_reshard: Optional[bool] = None   # None: unset, the init() argument decides
+    last_failure: Optional[str] = None     # for the user's script; the shim does not act on it
+    strict_resume: Optional[bool] = None   # None: unset, the init() argument decides
+    doctor_log: Optional[str] = None       # set: doctor mode, digests appended to this file
+    doctor_faults: tuple[tuple[int, str], ...] = ()   # (step, FAULT_KILL | FAULT_RAISE), by step
+    doctor_steps: Optional[int] = None     # doctor mode ends the run cleanly at this step
 
     @property
     def fresh_start_requested(self) -> bool:
@@ -89,4 +113,9 @@ class RunEnv:
             resume_from=environ.get(ENV_RESUME_FROM) or None,
             node=_parse_int(ENV_NODE, environ.get(ENV_NODE), minimum=0),
             allow_reshard=parse_bool(ENV_ALLOW_RESHARD, environ.get(ENV_ALLOW_RESHARD)),
+            last_failure=environ.get(ENV_LAST_FAILURE) or None,
+            strict_resume=parse_bool(ENV_STRICT_RESUME, environ.get(ENV_STRICT_RESUME)),
+            doctor_log=environ.get(ENV_DOCTOR) or None,
+            doctor_faults=_parse_faults(environ.get(ENV_DOCTOR_FAULTS)),
+            doctor_steps=_parse_int(ENV_DOCTOR_STEPS, environ.get(ENV_DOCTOR_STEPS), minimum=1),
         )

@@ -1,13 +1,22 @@
-"""The contract's exceptions: one base, shallow families (a caller catches ContractError)."""
+"""The root of every trainer_shim exception, and the contract's own (a caller catches ContractError).
+
+ShimError is defined here, below everything else in trainer_shim, so that the torch-free contract
+can derive from it; trainer_shim.errors re-exports it. The supervisor has its own root
+(supervisor.errors.SupervisorError) and catches contract errors as ContractError.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["ContractError", "InvalidCheckpoint", "EnvError"]
+__all__ = ["ShimError", "ContractError", "InvalidCheckpoint", "EnvError"]
 
 
-class ContractError(Exception):
+class ShimError(Exception):
+    """Base class of every error trainer_shim raises, the run-dir contract's included."""
+
+
+class ContractError(ShimError):
     """A run-dir file is missing, unreadable or not of the documented shape."""
 
 

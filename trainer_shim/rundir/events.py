@@ -16,7 +16,7 @@ from .clock import now_iso
 from .errors import ContractError
 from .layout import RunDir
 
-__all__ = ["Event", "POISONED", "append_event", "read_events", "next_attempt_number", "is_poisoning",
+__all__ = ["Event", "POISONED", "DIVERGED_REASON", "append_event", "read_events", "next_attempt_number", "is_poisoning",
            "poisoned_checkpoints"]
 
 
@@ -32,16 +32,23 @@ class Event(str, enum.Enum):
     CHECKPOINT_REJECTED = "checkpoint_rejected"    # W both: path, reason[, poisoned]
     CHECKPOINT_FAILED = "checkpoint_failed"        # W shim: path, error
     CHECKPOINT_RESHARDED = "checkpoint_resharded"  # W shim: path, from_world_size, to_world_size
-    # Agreed for the feature issues (14, 16), declared here so both sides share one spelling.
-    CHECKPOINT_PERSISTED_BY_SUPERVISOR = "checkpoint_persisted_by_supervisor"
-    SAVE_SKIPPED = "save_skipped"
-    RESUME_MISMATCH = "resume_mismatch"
-    POLICY_APPLIED = "policy_applied"
-    DIVERGED = "diverged"                          # W shim (issue 16): step, loss, resumed_from; then exit 65
+    # W rank 0 when a checkpoint save returns control to training: step, kind, `seconds` (the training
+    # stall of this save; for an async save only the copy into memory, not the background write) and
+    # `saving_seconds` (this attempt's cumulative stall, memory snapshots included).
+    CHECKPOINT_SAVED = "checkpoint_saved"
+    CHECKPOINT_PERSISTED_BY_SUPERVISOR = "checkpoint_persisted_by_supervisor"  # W supervisor: a slot made durable
+    SAVE_SKIPPED = "save_skipped"                  # W shim: step, target, reason (a save not taken now)
+    FIRST_STEP = "first_step"                      # W shim: the first run.step() of an attempt (report's timings)
+    RESUME_MISMATCH = "resume_mismatch"            # W shim: path, differences, strict
+    POLICY_APPLIED = "policy_applied"              # W supervisor: the YAML policy rule of a failure kind
+    DIVERGED = "diverged"                          # W shim: step, loss, resumed_from; then EXIT_DIVERGED
 
     def __str__(self) -> str:  # so f-strings and logs print the bare name
         return self.value
 
+
+# The `reason` of a gave_up event when divergence from a fresh state repeats (restarting cannot help).
+DIVERGED_REASON = "diverged"
 
 # The field of a checkpoint_rejected event that marks a crash-loop (poisoned) checkpoint, which
 # every later supervisor must keep skipping. Older run dirs said so only by a reason prefix.

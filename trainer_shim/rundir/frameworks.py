@@ -1,4 +1,4 @@
-"""Framework layouts (issue 13): where HF Trainer and Lightning checkpoints live, and how both sides find them.
+"""Framework layouts: where HF Trainer and Lightning checkpoints live, and how both sides find them.
 
 Framework checkpoints live where the framework puts them:
 * HF Trainer: ``<output_dir>/checkpoint-<N>/`` (N = global step, no padding). The callback adds
@@ -13,13 +13,18 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import Optional, Protocol
 
 from .atomic import atomic_write_json, read_json
 from .errors import ContractError
 
-if TYPE_CHECKING:  # layout imports this module (checkpoint dir names)
-    from .layout import RunDir
+
+
+class _RunRoot(Protocol):
+    """What this module needs of a layout.RunDir (layout imports this module: no import back)."""
+
+    @property
+    def root(self) -> Path: ...
 
 __all__ = ["HF_PREFIX", "parse_hf_checkpoint_name", "hf_checkpoint_name", "ROOTS_FILE", "roots_file",
            "read_extra_roots", "record_extra_root", "LIGHTNING_CKPT"]
@@ -44,11 +49,11 @@ def parse_hf_checkpoint_name(name: str) -> Optional[int]:
     return int(m.group(1)) if m else None
 
 
-def roots_file(rd: "RunDir") -> Path:
+def roots_file(rd: _RunRoot) -> Path:
     return rd.root / ROOTS_FILE
 
 
-def read_extra_roots(rd: "RunDir") -> list[Path]:
+def read_extra_roots(rd: _RunRoot) -> list[Path]:
     """Extra checkpoint roots recorded in the run dir (never raises: a bad file lists nothing)."""
     try:
         d = read_json(roots_file(rd))
@@ -58,7 +63,7 @@ def read_extra_roots(rd: "RunDir") -> list[Path]:
     return [Path(r) for r in roots if isinstance(r, str) and r] if isinstance(roots, list) else []
 
 
-def record_extra_root(rd: "RunDir", root: Path) -> None:
+def record_extra_root(rd: _RunRoot, root: Path) -> None:
     """Add `root` (absolute) to checkpoint_roots.json, atomically; a no-op when already there."""
     root = Path(os.path.abspath(root))
     have = read_extra_roots(rd)

@@ -130,6 +130,8 @@ class RunDir:
     supervisor_state = _Under("own", "supervisor.json")
     lock = _Under("own", "supervisor.lock")
     metrics = _Under("own", "metrics.prom")
+    # `--heartbeat-timeout auto`: per-phase heartbeat intervals the supervisor learned (inherited by restarts).
+    learned_timeouts = _Under("root", "heartbeat_timeouts.json")
 
     def heartbeat(self, rank: int = 0) -> Path:
         return self.heartbeats / heartbeat_name(rank)

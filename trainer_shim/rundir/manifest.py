@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -12,6 +13,7 @@ from typing import Any, Optional
 
 import xxhash
 
+from .clock import now_iso
 from .errors import InvalidCheckpoint
 from .layout import inside
 
@@ -80,6 +82,20 @@ class Manifest:
     sharded: bool = False
     args_hash: Optional[str] = None   # trainer_shim.provenance.args_hash of the writing process
     format: int = FORMAT_VERSION
+
+    @classmethod
+    def create(cls, files: dict[str, FileEntry], *, step: int, epoch: int, batch_in_epoch: int,
+               kind: CheckpointKind, loss: Optional[float], meta: Optional[dict[str, Any]] = None,
+               **fields: Any) -> "Manifest":
+        """The manifest of a checkpoint committed now by this process: the versions of the running
+        Python and (when loaded) torch, and the writer's provenance `meta` (git_commit, git_dirty,
+        args_hash). torch is looked up, never imported: this module stays torch-free."""
+        meta = meta or {}
+        torch = sys.modules.get("torch")
+        return cls(global_step=step, epoch=epoch, batch_in_epoch=batch_in_epoch, kind=kind, loss=loss,
+                   created_at=now_iso(), files=files, torch_version=getattr(torch, "__version__", None),
+                   python_version=sys.version.split()[0], git_commit=meta.get("git_commit"),
+                   git_dirty=meta.get("git_dirty"), args_hash=meta.get("args_hash"), **fields)
 
     def to_json(self) -> dict:
         d = dataclasses.asdict(self)

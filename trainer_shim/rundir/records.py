@@ -27,13 +27,17 @@ class Phase(str, enum.Enum):
     STARTING = "starting"
     TRAINING = "training"
     SAVING = "saving"
-    EVALUATING = "evaluating"  # a framework's evaluation (issue 13); judged with the heartbeat timeout
+    EVALUATING = "evaluating"  # a framework's evaluation; judged with the heartbeat timeout
     STOPPING = "stopping"
     FINISHED = "finished"
 
 
 def _opt_int(v: Any) -> Optional[int]:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _opt_str(v: Any) -> Optional[str]:
+    return v if isinstance(v, str) else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,6 +203,8 @@ class ErrorRecord:
     traceback: str = ""
     step: Optional[int] = None
     time: Optional[str] = None
+    loss: Optional[str] = None           # a divergence: the non-finite loss, as repr() wrote it
+    resumed_from: Optional[str] = None   # a divergence: the checkpoint this attempt started from
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -209,7 +215,8 @@ class ErrorRecord:
         if not isinstance(d, dict) or not isinstance(d.get("type"), str):
             return None
         return cls(type=d["type"], message=str(d.get("message", "")), traceback=str(d.get("traceback") or ""),
-                   step=_opt_int(d.get("step")), time=d.get("time") if isinstance(d.get("time"), str) else None)
+                   step=_opt_int(d.get("step")), time=_opt_str(d.get("time")), loss=_opt_str(d.get("loss")),
+                   resumed_from=_opt_str(d.get("resumed_from")))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,11 +13,12 @@ from pathlib import Path
 from typing import Optional
 
 from .atomic import fsync_dir
+from .env import RESUME_NONE
 from .errors import InvalidCheckpoint
 from .layout import LATEST, TMP_PREFIX, inside, parse_checkpoint_name
 from .manifest import CheckpointInfo, inspect_checkpoint
 
-__all__ = ["iter_checkpoint_dirs", "newest_valid", "repoint_latest"]
+__all__ = ["iter_checkpoint_dirs", "newest_valid", "choose", "repoint_latest"]
 
 OnReject = Callable[[Path, str], None]
 
@@ -81,6 +82,30 @@ def newest_valid(
             continue
         return info
     return None
+
+
+def choose(
+    dirs: Iterable[Path],
+    requested: Optional[str],
+    *,
+    full: bool = False,
+    allow_inexact: bool = False,
+    below_step: Optional[int] = None,
+    on_reject: Optional[OnReject] = None,
+) -> Optional[CheckpointInfo]:
+    """The checkpoint to resume from, for every front end: the supervisor's pick `requested`
+    (RESILIENT_RESUME_FROM) when it validates, else the newest valid one older than it (or than
+    `below_step`); None for a fresh start (`requested` is RESUME_NONE, or nothing validates)."""
+    if requested == RESUME_NONE:
+        return None
+    if requested:
+        try:
+            return inspect_checkpoint(Path(requested), full=full)
+        except InvalidCheckpoint as e:
+            if on_reject:
+                on_reject(e.path, e.reason)
+            below_step = parse_checkpoint_name(Path(requested).name)
+    return newest_valid(dirs, full=full, allow_inexact=allow_inexact, below_step=below_step, on_reject=on_reject)
 
 
 def _check_latest_link(ckpt_root: Path, on_reject: Optional[OnReject], roots: Iterable[Path] = ()) -> None:

@@ -1,4 +1,4 @@
-"""Memory snapshot slots (issue 14): names and the trust rule, shared by the shim and the supervisor.
+"""Memory snapshot slots: names and the trust rule, shared by the shim and the supervisor.
 
 A memory snapshot is a checkpoint directory on tmpfs (`/dev/shm/resilient-run-<hash>-<slot>/`),
 0700 with 0600 files, in the disk member format, its MANIFEST.json (digests) written last; so

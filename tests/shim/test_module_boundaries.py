@@ -1,0 +1,97 @@
+"""Module boundaries of trainer_shim: no module reads another object's underscore attributes,
+and the engine's modules never import the loop API (`run`) back."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import trainer_shim
+
+SHIM = Path(trainer_shim.__file__).parent
+
+# Documented or long-stable internals of the libraries the shim works with, not of the shim.
+LIBRARY_INTERNALS = {
+    "_exit",            # os._exit
+    "_getframe",        # sys._getframe
+    "_value_",          # enum members
+    "_metadata",        # torch state_dict's version metadata, kept through copies
+    "_version",         # torch.Tensor._version: the in-place change counter
+    "_inst",            # random._inst: the module-level Random
+    "_rand",            # numpy.random.mtrand._rand: the legacy global RandomState
+    "_BatchNorm",       # torch.nn.modules.batchnorm._BatchNorm: every BatchNorm's base
+    "_data_source",     # Lightning's fit_loop._data_source: the train dataloader source
+}
+
+
+def _private_reads(path: Path) -> list[str]:
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.Attribute) or not node.attr.startswith("_") or node.attr.startswith("__"):
+            continue
+        if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+            continue
+        if node.attr in LIBRARY_INTERNALS:
+            continue
+        out.append(f"{path.relative_to(SHIM)}:{node.lineno}: {ast.unparse(node)}")
+    return out
+
+
+def test_no_module_reads_another_objects_private_attributes() -> None:
+    found = [hit for p in sorted(SHIM.rglob("*.py")) for hit in _private_reads(p)]
+    assert found == []
+
+
+def _imports(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            names.add(node.module or "")
+            names.update(a.name for a in node.names if not node.module)
+    return names
+
+
+def test_engine_modules_do_not_import_the_loop_api() -> None:
+    for name in ("engine", "saving", "restoring", "async_save", "probe", "provenance", "divergence",
+                 "save_interval", "save_time", "memory_snapshot"):
+        assert "run" not in _imports(SHIM / f"{name}.py"), name
+
+
+def _graph() -> dict[str, set[str]]:
+    """trainer_shim module -> the trainer_shim modules it imports (module level, in functions, or for typing)."""
+    mods = {".".join(p.relative_to(SHIM.parent).with_suffix("").parts).removesuffix(".__init__"): p
+            for p in SHIM.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for mod, path in mods.items():
+        pkg = mod if path.name == "__init__.py" else mod.rsplit(".", 1)[0]
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                base = ".".join(pkg.split(".")[:len(pkg.split(".")) - node.level + 1] + [node.module or ""]).rstrip(".")
+                deps.update(f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in mods)
+                if node.module and base in mods:
+                    deps.add(base)
+            elif isinstance(node, ast.Import):
+                deps.update(a.name for a in node.names if a.name in mods)
+        graph[mod] = deps - {mod}
+    return graph
+
+
+
+
+def test_no_import_circle_inside_trainer_shim() -> None:
+    graph = _graph()
+
+    def reaches(start: str, goal: str) -> bool:
+        seen, todo = set(), [start]
+        while todo:
+            m = todo.pop()
+            if m == goal:
+                return True
+            if m not in seen:
+                seen.add(m)
+                todo.extend(graph.get(m, ()))
+        return False
+
+    circles = {frozenset({a, b}) for a in graph for b in graph[a] if reaches(b, a)}
+    assert circles == set()
