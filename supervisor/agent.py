@@ -15,9 +15,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from trainer_shim.rundir import (
-    ContractError, Event, HeartbeatRecord, Phase, RunDir, RunState, SupervisorState, ensure_run_dir, now_iso,
-)
+from trainer_shim.rundir import ContractError, Event, HeartbeatRecord, Phase, RunDir, RunState, SupervisorState, ensure_run_dir, now_iso
 
 from . import procs, snapshots
 from .attempts import Attempt, AttemptResult, assess, attempt_environ, clear_stale_heartbeats, next_log_number
