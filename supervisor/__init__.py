@@ -27,3 +27,43 @@ the CLI         cli, cli_insight   typer: parse only; config (flags + YAML, one 
                 status, stopping, report, doctor, export   the logic the commands call (plain functions)
                 messages     `say`: the one-line stderr messages; errors: exceptions with exit codes
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# What a user of the supervisor may rely on, and the module that defines it. Imported on first
+# use, so that `import supervisor` stays cheap: the CLI pulls in typer and rich, the loop psutil
+# and watchdog. Everything else is internal and may move.
+_PUBLIC = {
+    # the command line and the loop behind it
+    "main": ".cli", "Supervisor": ".agent",
+    # configuration
+    "Config": ".config", "DEFAULTS": ".config", "build_config": ".config", "load_config_file": ".config",
+    # how an attempt ended
+    "Kind": ".classify",
+    # what the commands compute
+    "StatusReport": ".status", "read_status": ".status", "open_run_dir": ".status",
+    "RunReport": ".report", "build_report": ".report", "stop_run": ".stopping",
+    # errors (one root) and exit codes
+    "SupervisorError": ".errors", "ConfigError": ".errors", "RunDirError": ".errors", "LockedError": ".errors",
+    "CgroupError": ".cgroup",
+    "EXIT_OK": ".errors", "EXIT_GAVE_UP": ".errors", "EXIT_USAGE": ".errors", "EXIT_LOCKED": ".errors",
+    "EXIT_STOPPED": ".errors",
+}
+
+__all__ = list(_PUBLIC)
+
+
+def __getattr__(name: str) -> Any:
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value   # once imported, a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from trainer_shim.rundir import ContractError, Event, Phase, RunDir, RunState, SupervisorState, ensure_run_dir, now_iso
+from trainer_shim.rundir import ContractError, Event, HeartbeatRecord, Phase, RunDir, RunState, SupervisorState, ensure_run_dir, now_iso
 
 from . import procs, snapshots
 from .attempts import Attempt, AttemptResult, assess, attempt_environ, clear_stale_heartbeats, next_log_number
@@ -201,7 +201,7 @@ class Supervisor:
         hb = a.monitor.first
         if a.learn_resumed(hb):
             self._prestart()  # the job is past its own start-up: the next launcher's imports may run now
-        if hb is not None and (before is None or before.get("step") != hb.get("step") or before.get("phase") != hb.get("phase")):
+        if hb is not None and (before is None or (before.step, before.phase) != (hb.step, hb.phase)):
             self.notifier.status(self._status_line(hb))
         if self.stop_requested:
             if self.stop_deadline is not None and now >= self.stop_deadline:
@@ -219,12 +219,12 @@ class Supervisor:
             a.mark_failure(failed_at=time.time() - (now - since))
             self._kill_stale(stale.kind, stale.detail)
 
-    def _kill_stale(self, kind: str, detail: str) -> None:
+    def _kill_stale(self, kind: Kind, detail: str) -> None:
         a = self.attempt
         assert a is not None
         a.killed_for, a.stale_detail = kind, detail
-        say(f"attempt {a.number}: {kind.replace('_', ' ')}: {detail}")
-        if kind == Kind.HANG.value:  # stack dumps first (the shim's SIGUSR1 handler) from every rank that is ours
+        say(f"attempt {a.number}: {kind.value.replace('_', ' ')}: {detail}")
+        if kind is Kind.HANG:  # stack dumps first (the shim's SIGUSR1 handler) from every rank that is ours
             a.dump_stacks(self.rd, a.rank_pids(), STACK_DUMP_WAIT, self._tick)
         a.kill(self.config.grace_period, self._tick)
 
@@ -368,8 +368,8 @@ class Supervisor:
         except OSError as e:
             self.journal.warn(str(self.rd.metrics), e)
 
-    def _status_line(self, hb: Optional[dict] = None) -> str:
-        step = f", step {hb.get('step')}" if hb and hb.get("step") is not None else ""
+    def _status_line(self, hb: Optional[HeartbeatRecord] = None) -> str:
+        step = f", step {hb.step}" if hb else ""
         return f"attempt {self.history.attempt_no}{step}, {self.state.value}"
 
     # --- cleanup -------------------------------------------------------------------------------

@@ -18,8 +18,8 @@ import psutil
 
 from trainer_shim.rundir import (
     ENV_ATTEMPT, ENV_LAST_FAILURE, ENV_NODE, ENV_RESUME_FROM, ENV_RUN_DIR, RESUME_NONE, ContractError, ErrorRecord,
-    Phase, RunDir, checkpoint_roots, iso_at, newest_valid, parse_checkpoint_name, reached_step, read_heartbeat,
-    read_json,
+    HeartbeatRecord, Phase, RunDir, checkpoint_roots, iso_at, newest_valid, parse_checkpoint_name, reached_step,
+    read_heartbeat_record, read_json,
 )
 
 from . import procs
@@ -45,7 +45,7 @@ class Attempt:
     oom_base: int                       # the cgroup's OOM-kill counter at start
     seen: dict[int, psutil.Process]     # every process of its tree seen so far (OOM evidence, orphan kill)
     last_scan: float = 0.0
-    killed_for: Optional[str] = None    # "hang" / "startup_timeout" when we killed it
+    killed_for: Optional[Kind] = None   # Kind.HANG / Kind.STARTUP_TIMEOUT when we killed it
     stale_detail: str = ""
     resumed_from: Optional[str] = None
     resumed_known: bool = False         # a heartbeat past `starting` said what it really loaded
@@ -101,13 +101,13 @@ class Attempt:
                 pass
         self.peak_rss = max(self.peak_rss, rss)
 
-    def learn_resumed(self, hb: Optional[dict]) -> bool:
+    def learn_resumed(self, hb: Optional[HeartbeatRecord]) -> bool:
         """True the first time a beat says what the trainer really loaded. The shim's first beat
         (phase starting) goes out before it restores anything, so only a later one knows."""
-        if hb is None or self.resumed_known or hb.get("phase") == Phase.STARTING.value:
+        if hb is None or self.resumed_known or hb.phase == Phase.STARTING.value:
             return False
         self.resumed_known = True
-        loaded = hb.get("resumed_from")
+        loaded = hb.resumed_from
         self.resumed_from = str(loaded) if loaded and loaded != RESUME_NONE else None
         return True
 
@@ -120,7 +120,7 @@ class Attempt:
     def rank_procs(self) -> dict[int, int]:
         """rank -> pid of every rank still alive in our process tree (see rank_pids)."""
         ours = {p.pid for p in procs.tree(self.child.pid)}
-        return {rank: int(t.record["pid"]) for rank, t in self.monitor.tracks.items() if t.record.get("pid") in ours}
+        return {rank: t.record.pid for rank, t in self.monitor.tracks.items() if t.record.pid in ours}
 
     def outlive_a_crash(self, rd: RunDir, now: float, wait: float) -> dict[int, int]:
         """rank -> pid of the ranks still alive `wait` seconds after another rank crashed (wrote
@@ -231,7 +231,7 @@ def clear_stale_heartbeats(rd: RunDir) -> None:
     itself attempt 1) must not pass for this attempt's. Nothing of ours is alive now, so they are
     all stale; another node's ranks are that node's business."""
     for _, path in rd.heartbeat_files():
-        hb = read_heartbeat(path)
+        hb = read_heartbeat_record(path)
         if hb is not None and not rd.owns_heartbeat(hb):
             continue
         path.unlink(missing_ok=True)
@@ -276,7 +276,7 @@ def last_step(rd: RunDir, a: Attempt) -> Optional[int]:
         if step is not None:
             return step
     hb = a.monitor.first
-    return hb.get("step") if hb else None
+    return hb.step if hb else None
 
 
 def assess(rd: RunDir, a: Attempt, rc: int, *, cgroup: Optional[MemoryCgroup], stop_requested: bool,
@@ -322,9 +322,9 @@ def ranks_stopped(monitor: HeartbeatMonitor, multi_node: bool = False, stop_requ
     """
     recs = [t.record for _, t in sorted(monitor.tracks.items())]
     enough = 1 if (multi_node or stop_requested) else 2
-    if len(recs) < enough or any(r.get("phase") != Phase.STOPPING.value for r in recs):
+    if len(recs) < enough or any(r.phase != Phase.STOPPING.value for r in recs):
         return None
-    steps = sorted({r.get("checkpoint_step") for r in recs}, key=str)
+    steps = sorted({r.checkpoint_step for r in recs}, key=str)
     who = f"all {len(recs)} ranks" if len(recs) > 1 else "its rank"
     return f"{who} saved a preempt checkpoint at step {', '.join(map(str, steps))} and stopped"
 

@@ -37,7 +37,8 @@ class CheckpointChoice:
         """Never resume from `path` again, in this supervisor or any later one on this run dir."""
         self.poisoned.add(path)
         say(f"checkpoint rejected: {path}: {POISONED}: {reason}")
-        self._emit(Event.CHECKPOINT_REJECTED, path=path, reason=f"{POISONED}: {reason}", **{POISONED: True})
+        # Poisoning travels as its own field; the reason says only why (readers test the field).
+        self._emit(Event.CHECKPOINT_REJECTED, path=path, reason=reason, **{POISONED: True})
 
     def choose(self) -> Optional[str]:
         info = newest_valid(checkpoint_roots(self.rd), exclude=self.poisoned, on_reject=self.reject)

@@ -8,7 +8,7 @@ from typing import Optional
 
 from trainer_shim.rundir import DIVERGED_ERROR_TYPE, EXIT_DIVERGED, EXIT_OK, EXIT_PREEMPTED, ErrorRecord, Kind
 
-from .launch import ProcessFailure
+from .launch import ProcessFailure, RendezvousFailure
 
 # Kind is defined by the contract (the shim and the user's script read it too); re-exported here.
 __all__ = ["Kind", "AttemptFacts", "classify", "is_cuda_oom"]
@@ -19,7 +19,7 @@ class AttemptFacts:
     """What the supervisor observed about one ended attempt (plain data, so tests can build it)."""
 
     returncode: Optional[int]                 # Popen convention: negative = killed by that signal
-    killed_for: Optional[str] = None          # "hang" / "startup_timeout" when we killed it
+    killed_for: Optional[Kind] = None         # Kind.HANG / Kind.STARTUP_TIMEOUT when we killed it
     stale_detail: str = ""                    # why we called it a hang
     oom_evidence: tuple[str, ...] = ()        # cgroup counter rise, kernel log lines
     error: Optional[ErrorRecord] = None       # errors/attempt-N[-rank-R].json written by the shim
@@ -27,7 +27,7 @@ class AttemptFacts:
     stop_requested: bool = False
     rank_failures: tuple[ProcessFailure, ...] = ()   # torchrun's summary, root cause first
     ranks_stopped: Optional[str] = None       # multi-rank: every rank's last beat is `stopping` (detail)
-    rendezvous_error: Optional[str] = None    # torchrun's last line: "RendezvousClosedError"
+    rendezvous_error: Optional[RendezvousFailure] = None   # torchrun died joining its peers
 
     @property
     def exit_code(self) -> Optional[int]:
@@ -59,9 +59,9 @@ def _error_text(error: ErrorRecord) -> str:
 
 def classify(f: AttemptFacts) -> tuple[Kind, str]:
     """(kind, evidence) for one ended attempt; our own kill reasons win over the exit status."""
-    if f.killed_for == "hang":
+    if f.killed_for is Kind.HANG:
         return Kind.HANG, f.stale_detail or "heartbeat stale"
-    if f.killed_for == "startup_timeout":
+    if f.killed_for is Kind.STARTUP_TIMEOUT:
         return Kind.STARTUP_TIMEOUT, f.stale_detail or "no heartbeat after start"
     if f.returncode == EXIT_OK:
         return Kind.SUCCESS, f"exit code {EXIT_OK}"
@@ -83,9 +83,9 @@ def classify(f: AttemptFacts) -> tuple[Kind, str]:
     if f.signal is not None:
         return Kind.SIGNAL, f"killed by {_signame(f.signal)}; no OOM evidence in cgroup or kernel log"
     if f.rendezvous_error and not f.rank_failures:
-        why = (" (another node's previous attempt had not ended yet)" if f.rendezvous_error.startswith("RendezvousClosedError")
-               else "")
-        return Kind.RENDEZVOUS, f"exit code {f.exit_code}; torchrun could not join its peers: {f.rendezvous_error}{why}"
+        why = " (another node's previous attempt had not ended yet)" if f.rendezvous_error.closed else ""
+        return Kind.RENDEZVOUS, (f"exit code {f.exit_code}; torchrun could not join its peers: "
+                                 f"{f.rendezvous_error.describe()}{why}")
     ranks = f"; {', '.join(pf.describe() for pf in f.rank_failures)}" if f.rank_failures else ""
     if f.rank_failures and f.rank_failures[0].signal is not None:
         # torchrun exits 1 when a rank died of a signal: the rank's death is what happened.

@@ -7,8 +7,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
 
-from trainer_shim.rundir import Phase, RunDir, read_heartbeat
+from trainer_shim.rundir import HeartbeatRecord, Phase, RunDir, read_heartbeat_record
 
+from .classify import Kind
 from .config import Config
 
 __all__ = ["allowance", "Stale", "HeartbeatMonitor", "HeartbeatEvents", "EXIT_FLOOR_S"]
@@ -37,9 +38,9 @@ def allowance(phase: Optional[str], config: Config) -> float:
 
 @dataclasses.dataclass(frozen=True)
 class Stale:
-    """A verdict that the attempt is not alive: `kind` is "hang" or "startup_timeout"."""
+    """A verdict that the attempt is not alive: `kind` is Kind.HANG or Kind.STARTUP_TIMEOUT."""
 
-    kind: str
+    kind: Kind
     detail: str
     rank: Optional[int] = None
 
@@ -48,7 +49,7 @@ class Stale:
 class _Track:
     key: Any
     changed_at: float
-    record: dict
+    record: HeartbeatRecord
 
 
 class HeartbeatMonitor:
@@ -66,19 +67,18 @@ class HeartbeatMonitor:
     def observe(self, now: float) -> None:
         """Read every rank's heartbeat and note which changed since the last look."""
         for _, path in self.run_dir.heartbeat_files():
-            hb = read_heartbeat(path)
-            if hb is None or hb.get("attempt") != self.attempt or not self.run_dir.owns_heartbeat(hb):
+            hb = read_heartbeat_record(path)
+            if hb is None or hb.attempt != self.attempt or not self.run_dir.owns_heartbeat(hb):
                 continue  # torn, left over from an earlier attempt, or another node's rank
-            rank = hb.get("rank", 0) if isinstance(hb.get("rank"), int) else 0
-            key = (hb.get("pid"), hb.get("seq"), hb.get("step"), hb.get("phase"), hb.get("save_bytes"))
-            t = self.tracks.get(rank)
+            key = (hb.pid, hb.seq, hb.step, hb.phase, hb.save_bytes)
+            t = self.tracks.get(hb.rank)
             if t is None or t.key != key:
                 if t is not None and self.learner is not None:
-                    self.learner.record(t.record.get("phase"), now - t.changed_at)
-                self.tracks[rank] = _Track(key, now, hb)
+                    self.learner.record(t.record.phase, now - t.changed_at)
+                self.tracks[hb.rank] = _Track(key, now, hb)
 
     @property
-    def first(self) -> Optional[dict]:
+    def first(self) -> Optional[HeartbeatRecord]:
         """Rank 0's latest heartbeat (or any rank's when rank 0 has none)."""
         if 0 in self.tracks:
             return self.tracks[0].record
@@ -88,16 +88,16 @@ class HeartbeatMonitor:
         if not self.tracks:
             waited = now - self.spawned_at
             if waited > self.config.startup_timeout:
-                return Stale("startup_timeout", f"no heartbeat {waited:.1f}s after start (--startup-timeout {self.config.startup_timeout:g})")
+                return Stale(Kind.STARTUP_TIMEOUT, f"no heartbeat {waited:.1f}s after start (--startup-timeout {self.config.startup_timeout:g})")
             return None
         for rank, t in sorted(self.tracks.items()):
             # `finished` is judged too: a process that never exits after finish() (a worker
             # join that blocks) must not hold the job forever.
-            phase = t.record.get("phase")
+            phase = t.record.phase
             limit, rule = self._limit(phase)
             age = now - t.changed_at
             if age > limit:
-                return Stale("hang", f"rank {rank} heartbeat unchanged for {age:.1f}s (phase {phase}, step {t.record.get('step')}, "
+                return Stale(Kind.HANG, f"rank {rank} heartbeat unchanged for {age:.1f}s (phase {phase}, step {t.record.step}, "
                                      f"limit {limit:g}s{rule})", rank)
         return None
 
@@ -105,7 +105,7 @@ class HeartbeatMonitor:
         """When the earliest verdict could change, so the loop can sleep until then."""
         if not self.tracks:
             return self.spawned_at + self.config.startup_timeout
-        return min(t.changed_at + self._limit(t.record.get("phase"))[0] for t in self.tracks.values())
+        return min(t.changed_at + self._limit(t.record.phase)[0] for t in self.tracks.values())
 
     def _limit(self, phase: Optional[str]) -> tuple[float, str]:
         """(seconds, how the rule reads in a hang's evidence)."""

@@ -17,7 +17,8 @@ from typing import Optional, Sequence
 
 from .errors import ConfigError
 
-__all__ = ["torchrun_command", "ProcessFailure", "parse_torchrun_failure", "parse_rendezvous_failure", "TorchrunOptions", "torchrun_options", "standby_command", "is_python_script"]
+__all__ = ["torchrun_command", "ProcessFailure", "parse_torchrun_failure", "RendezvousFailure", "parse_rendezvous_failure",
+           "TorchrunOptions", "torchrun_options", "standby_command", "is_python_script"]
 
 _TORCHRUN_MODULE = "torch.distributed.run"
 STANDBY_MODULE = "trainer_shim.standby"
@@ -135,12 +136,29 @@ _EXIT_RE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)\s*\(pid:\s*(\d+)\)")
 _RDZV_RE = re.compile(r"^torch\.distributed\.elastic\.rendezvous\.api\.(Rendezvous\w*Error)\b:?\s*(.*)$")
 
 
-def parse_rendezvous_failure(lines: Sequence[str]) -> Optional[str]:
-    """'RendezvousClosedError' (with its message, if any) when torchrun died joining its peers, else None."""
+@dataclasses.dataclass(frozen=True)
+class RendezvousFailure:
+    """torchrun's agent could not join its peers: the rendezvous error's class name and message."""
+
+    error: str          # e.g. "RendezvousClosedError"
+    message: str = ""
+
+    @property
+    def closed(self) -> bool:
+        """The rendezvous was closed: on several nodes, another node's previous attempt had not ended yet."""
+        return self.error == "RendezvousClosedError"
+
+    def describe(self) -> str:
+        """For humans (evidence lines); code reads the fields, never this phrase."""
+        return f"{self.error}: {self.message}" if self.message else self.error
+
+
+def parse_rendezvous_failure(lines: Sequence[str]) -> Optional[RendezvousFailure]:
+    """The rendezvous error torchrun died of while joining its peers (its last such line), else None."""
     for ln in reversed(lines):
         m = _RDZV_RE.match(ln.strip())
         if m:
-            return f"{m.group(1)}: {m.group(2)[:200]}" if m.group(2) else m.group(1)
+            return RendezvousFailure(m.group(1), m.group(2)[:200])
     return None
 
 

@@ -169,7 +169,7 @@ def collect(rd: RunDir, monitor: Optional[HeartbeatMonitor], *, attempts_total: 
     return MetricsSnapshot(
         run=rd.root.resolve().name, up=monitor is not None, attempts_total=attempts_total,
         failures_by_kind=dict(failures), heartbeat_age_s=hb_age,
-        global_step=hb.get("step") if hb else None, last_checkpoint_step=latest.step if latest else None,
+        global_step=hb.step if hb else None, last_checkpoint_step=latest.step if latest else None,
         last_checkpoint_age_s=ckpt_age, disk_free_bytes=disk_free_bytes(rd.root), **costs,  # type: ignore[arg-type]
-        save_interval_s=hb.get("save_interval_s") if hb else None,
+        save_interval_s=hb.save_interval_s if hb else None,
     )

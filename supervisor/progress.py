@@ -7,7 +7,7 @@ import dataclasses
 import datetime as _dt
 from typing import Optional
 
-from trainer_shim.rundir import Event, RunDir
+from trainer_shim.rundir import Event, HeartbeatRecord, RunDir
 
 from .report import build_report
 
@@ -30,21 +30,20 @@ class Progress:
     goodput: Optional[float]        # only once an attempt has failed (README "What failures cost")
 
 
-def progress_of(rd: RunDir, hb: Optional[dict], events: list[dict], *, failed: bool) -> Progress:
+def progress_of(rd: RunDir, hb: Optional[HeartbeatRecord], events: list[dict], *, failed: bool) -> Progress:
     """Progress from the newest heartbeat; goodput only once an attempt has `failed` (a requested stop is no failure)."""
-    step = hb.get("step") if hb else None
-    total = hb.get("total_steps") if hb else None
+    step = hb.step if hb else None
+    total = hb.total_steps if hb else None
     rate = eta = None
     first = next((e for e in reversed(events) if e.get("event") == Event.FIRST_STEP
-                  and hb is not None and e.get("attempt") == hb.get("attempt")), None)
-    t_hb, t_first = _t(hb.get("time") if hb else None), _t(first.get("time") if first else None)
+                  and hb is not None and e.get("attempt") == hb.attempt), None)
+    t_hb, t_first = _t(hb.time if hb else None), _t(first.get("time") if first else None)
     if first is not None and step is not None and t_hb and t_first and t_hb > t_first and step > first["step"]:
         rate = (step - first["step"]) / (t_hb - t_first)
-        if isinstance(total, int) and total >= step:
+        if total is not None and total >= step:
             eta = (total - step) / rate
     goodput = build_report(rd).goodput if failed else None
-    return Progress(step, total if isinstance(total, int) else None,
-                    round(rate, 3) if rate else None, round(eta, 1) if eta is not None else None, goodput)
+    return Progress(step, total, round(rate, 3) if rate else None, round(eta, 1) if eta is not None else None, goodput)
 
 
 def _dur(s: float) -> str:

@@ -17,6 +17,8 @@ from typing import Optional
 from trainer_shim.rundir import (Event, RunDir, parse_checkpoint_name,
                                  read_events, read_index)
 
+from .classify import Kind
+
 __all__ = ["AttemptCost", "RunReport", "build_report", "render_text", "render_png"]
 
 
@@ -132,7 +134,7 @@ def build_report(rd: RunDir) -> RunReport:
     starts = [_t(a["started"]["time"]) for a in attempts.values()]
     ends = [_t(a["ended"]["time"]) for a in attempts.values() if "ended" in a]
     wall = (max(ends) - min(starts)) if starts and ends else 0.0
-    kinds = Counter(c.kind for c in out[:-1] if c.kind and c.kind != "success")
+    kinds = Counter(c.kind for c in out[:-1] if c.kind and c.kind != Kind.SUCCESS.value)
     saving = [c.saving_seconds for c in out if c.saving_seconds is not None]
     return RunReport(attempts=out, wall_seconds=round(wall, 3), useful_seconds=round(useful, 3),
                      goodput=round(useful / wall, 4) if wall > 0 else None, lost_steps=lost,
@@ -194,7 +196,7 @@ def render_png(rep: RunReport, path: str, width_px: int = 1200, height_px: int =
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colours = {"success": "tab:green", None: "tab:blue"}
+    colours = {Kind.SUCCESS.value: "tab:green", None: "tab:blue"}
     t0 = min((_t(c.start) for c in rep.attempts), default=0.0)
     fig = plt.figure(figsize=(width_px / 100, height_px / 100), dpi=100)
     ax = fig.add_subplot(1, 1, 1)
@@ -202,7 +204,7 @@ def render_png(rep: RunReport, path: str, width_px: int = 1200, height_px: int =
         s = _t(c.start) - t0
         e = (_t(c.end) - t0) if c.end else s
         ax.barh(c.attempt, max(e - s, 0.01), left=s, color=colours.get(c.kind, "tab:red"))
-        if c.kind not in ("success", None):
+        if c.kind not in (Kind.SUCCESS.value, None):
             ax.plot([e], [c.attempt], marker="x", color="black", markersize=10)
     for ck in rep.checkpoints:
         at = _t(ck["time"]) - t0

@@ -8,15 +8,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trainer_shim import snapshot_store
-from trainer_shim.rundir import ContractError, Event, RunDir
+from trainer_shim.rundir import ContractError, Event, RunDir, free_slots, persist_newest as persist_newest_slot
 
 
 def persist_newest(rd: RunDir, emit: Callable[..., Any], say: Callable[[str], None],
                    reject: Callable[[Path, str], None]) -> None:
     """After an attempt ends (or at startup, for a dead supervisor's slots): never lose a snapshot."""
     try:
-        done = snapshot_store.persist_newest(rd, on_reject=reject)
+        done = persist_newest_slot(rd, on_reject=reject)
     except (OSError, ContractError) as e:
         say(f"warning: cannot persist the memory snapshot: {e}")
         emit(Event.CHECKPOINT_FAILED, path=str(rd.checkpoints), error=f"memory snapshot: {e}")
@@ -28,4 +27,4 @@ def persist_newest(rd: RunDir, emit: Callable[..., Any], say: Callable[[str], No
 
 
 def free(rd: RunDir) -> None:
-    snapshot_store.free(rd.root, rd.node)
+    free_slots(rd.root, rd.node)

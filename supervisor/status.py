@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from trainer_shim.rundir import (
-    ContractError, Event, commit_age, InvalidCheckpoint, RunDir, RunState, checkpoint_roots, inspect_checkpoint,
-    iter_checkpoint_dirs, newest_valid, read_events, read_heartbeat, read_index, read_json,
+    ContractError, Event, HeartbeatRecord, InvalidCheckpoint, RunDir, RunState, SupervisorState, checkpoint_roots,
+    commit_age, inspect_checkpoint, iter_checkpoint_dirs, newest_valid, read_events, read_heartbeat_record, read_index,
 )
 
 from . import procs
@@ -64,8 +64,9 @@ def lock_holder(rd: RunDir) -> Optional[int]:
         os.close(fd)
 
 
-def recorded_config(state: dict) -> Config:
-    cfg = state.get("config") if isinstance(state.get("config"), dict) else {}
+def recorded_config(state: Optional[SupervisorState]) -> Config:
+    """The configuration the live supervisor recorded (its numbers only), else the defaults."""
+    cfg = state.config if state is not None else {}
     known = {f.name for f in dataclasses.fields(Config)}
     values = {k: v for k, v in cfg.items() if k in known and isinstance(v, (int, float)) and not isinstance(v, bool)}
     return dataclasses.replace(DEFAULTS, **values)
@@ -109,11 +110,11 @@ class StatusReport:
         return out
 
 
-def _newest_heartbeat(rd: RunDir) -> tuple[Optional[dict], Optional[float]]:
+def _newest_heartbeat(rd: RunDir) -> tuple[Optional[HeartbeatRecord], Optional[float]]:
     """Rank 0's heartbeat (else the stalest rank's) and its age by the file's mtime; of a node's ranks only, for a node."""
-    best: tuple[Optional[dict], Optional[float]] = (None, None)
+    best: tuple[Optional[HeartbeatRecord], Optional[float]] = (None, None)
     for rank, p in rd.heartbeat_files():
-        hb = read_heartbeat(p)
+        hb = read_heartbeat_record(p)
         if hb is None or not rd.owns_heartbeat(hb):
             continue
         try:
@@ -127,26 +128,25 @@ def _newest_heartbeat(rd: RunDir) -> tuple[Optional[dict], Optional[float]]:
     return best
 
 
-def supervisor_state(rd: RunDir) -> dict:
-    """supervisor.json as a dict ({} while absent, being replaced or not an object)."""
+def supervisor_state(rd: RunDir) -> Optional[SupervisorState]:
+    """supervisor.json as its record (None while absent, being replaced or not a supervisor state)."""
     try:
-        state = read_json(rd.supervisor_state)
+        return SupervisorState.read(rd.supervisor_state)
     except ContractError:
-        return {}
-    return state if isinstance(state, dict) else {}
+        return None
 
 
 def read_status(rd: RunDir) -> StatusReport:
     state = supervisor_state(rd)
-    recorded = str(state.get("state", "")) or "not_running"
-    sup_alive = procs.matches(state.get("supervisor_pid"), state.get("supervisor_create_time")) is not None
+    recorded = (state.state if state else "") or "not_running"
+    sup_alive = state is not None and procs.matches(state.supervisor_pid, state.supervisor_create_time) is not None
     if recorded not in FINAL_STATES and not sup_alive:
         recorded = "not_running"
     cfg = recorded_config(state)
     hb, age = _newest_heartbeat(rd)
     fresh = False
-    if hb is not None and age is not None and hb.get("attempt") == state.get("attempt"):
-        fresh = age <= allowance(hb.get("phase"), cfg)
+    if hb is not None and age is not None and state is not None and hb.attempt == state.attempt:
+        fresh = age <= allowance(hb.phase, cfg)
     events = read_events(rd)
     last_failure = _last_failure(events)
     latest = newest_valid(checkpoint_roots(rd))
@@ -156,15 +156,16 @@ def read_status(rd: RunDir) -> StatusReport:
     except OSError:
         free = None
     return StatusReport(
-        state=recorded, supervisor_pid=state.get("supervisor_pid"), child_pid=state.get("child_pid"),
-        attempt=state.get("attempt"), restarts=state.get("restarts"),
+        state=recorded, supervisor_pid=state.supervisor_pid if state else None,
+        child_pid=state.child_pid if state else None, attempt=state.attempt if state else None,
+        restarts=state.restarts if state else None,
         heartbeat_age_s=round(age, 3) if age is not None else None,
-        step=hb.get("step") if hb else None, epoch=hb.get("epoch") if hb else None,
-        loss=hb.get("loss") if hb else None, last_failure=last_failure,
+        step=hb.step if hb else None, epoch=hb.epoch if hb else None,
+        loss=hb.loss if hb else None, last_failure=last_failure,
         latest_checkpoint={"path": str(latest.path), "step": latest.step} if latest else None,
-        phase=hb.get("phase") if hb else None, heartbeat_fresh=fresh,
+        phase=hb.phase if hb else None, heartbeat_fresh=fresh,
         checkpoint_age_s=round(ckpt_age, 3) if ckpt_age is not None else None, disk_free_bytes=free,
-        save_interval_s=hb.get("save_interval_s") if hb else None,
+        save_interval_s=hb.save_interval_s if hb else None,
         progress=progress_of(rd, hb, events, failed=last_failure is not None),
         supervisor_alive=sup_alive,
         stop=_stop(events) if recorded == RunState.STOPPED else None,

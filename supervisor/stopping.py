@@ -7,7 +7,7 @@ import socket
 import time
 from typing import Optional
 
-from trainer_shim.rundir import RunDir
+from trainer_shim.rundir import RunDir, SupervisorState
 
 from . import procs
 from .errors import EXIT_GAVE_UP, EXIT_OK
@@ -29,19 +29,19 @@ def _where(rd: RunDir) -> str:
     return f"{rd.root}" + ("" if rd.node is None else f" (node {rd.node})")
 
 
-def _live_supervisor(rd: RunDir, state: dict) -> Optional[int]:
+def _live_supervisor(rd: RunDir, state: Optional[SupervisorState]) -> Optional[int]:
     """The pid to signal, or None (after saying why) when no provable live supervisor of `rd` runs here."""
     where = _where(rd)
     holder = lock_holder(rd)
     if holder is None:
         say(f"no supervisor is running on {where}")
         return None
-    host = state.get("host")
+    host = state.host if state else None
     if host and host != socket.gethostname():
         say(f"the supervisor of {where} runs on host {host}; run `resilient-run stop` there")
         return None
-    pid = state.get("supervisor_pid")
-    if procs.matches(pid, state.get("supervisor_create_time")) is None or pid != holder:
+    pid = state.supervisor_pid if state else None
+    if state is None or procs.matches(pid, state.supervisor_create_time) is None or pid != holder:
         # Never signal a pid we cannot prove is this run's supervisor (stale or forged record).
         say(f"supervisor.json names pid {pid}, which is not the live supervisor of {where} "
             f"(lock held by pid {holder}); not signalling")

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from . import rundir
-from .rundir import Phase
+from .rundir import HeartbeatRecord, Phase
 
 
 class Heartbeat:
@@ -23,13 +23,10 @@ class Heartbeat:
     def __init__(self, path: Path, *, rank: int, attempt: int, interval: float, node: Optional[int] = None) -> None:
         self.path = Path(path)
         self.interval = max(0.0, float(interval))
-        self.fields: dict[str, Any] = {
-            "pid": os.getpid(), "rank": rank, "attempt": attempt, "step": 0, "epoch": 0,
-            "loss": None, "phase": Phase.STARTING.value, "time": None, "checkpoint_step": None,
-            "seq": 0, "resumed_from": None, "save_bytes": 0,
-        }
-        if node is not None:  # multi-node: the supervisor of this node judges only its own ranks
-            self.fields["node"] = node
+        # The fields the loop stamps; every write goes through HeartbeatRecord, so a key the
+        # contract does not know fails here, in the shim's tests, not silently in the supervisor.
+        # `node` is set only in a multi-node job: a node's supervisor judges only its own ranks.
+        self.fields: dict[str, Any] = HeartbeatRecord(pid=os.getpid(), rank=rank, attempt=attempt, node=node).to_json()
         self.save_bytes = 0          # bumped by the checkpoint writer, read by the thread
         self._saving = False
         self._last_bytes = 0
@@ -97,7 +94,7 @@ class Heartbeat:
         with self._lock:
             self.fields["seq"] += 1
             self.fields["time"] = rundir.now_iso()
-            rec = dict(self.fields)
+            rec = HeartbeatRecord(**self.fields).to_json()
             try:
                 rundir.atomic_write_json(self.path, rec, durable=False)
             except OSError as e:

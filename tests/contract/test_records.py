@@ -23,6 +23,24 @@ def test_heartbeat_round_trip_keeps_todays_shape(tmp_path: Path) -> None:
     assert HeartbeatRecord.from_json({"step": 3}) is None
 
 
+def test_heartbeat_fields_the_shim_sets_later_and_wrong_types() -> None:
+    # total_steps and save_interval_s are written only once known (like node on one node: never).
+    hb = HeartbeatRecord(pid=7, total_steps=800, save_interval_s=12.5)
+    assert HeartbeatRecord.from_json(hb.to_json()) == hb
+    assert {"total_steps", "save_interval_s", "node"}.isdisjoint(HeartbeatRecord(pid=7).to_json())
+    # A field of the wrong type takes its default instead of reaching a reader as something else.
+    odd = HeartbeatRecord.from_json({"pid": 7, "step": "12", "rank": True, "loss": "nan", "total_steps": 3.5,
+                                     "phase": None, "attempt": 2})
+    assert odd == HeartbeatRecord(pid=7, attempt=2)
+    assert HeartbeatRecord.from_json({"pid": 7, "loss": 0.5}).loss == 0.5
+
+
+def test_supervisor_state_tolerates_wrong_optional_types() -> None:
+    st = SupervisorState.from_json({"state": "running", "supervisor_pid": 10, "child_pid": "11", "config": [],
+                                    "child_cmdline": ["python", 3], "attempt": 2})
+    assert st == SupervisorState(state="running", supervisor_pid=10, attempt=2)
+
+
 def test_supervisor_state_round_trip_and_refusal(tmp_path: Path) -> None:
     st = SupervisorState(state="running", supervisor_pid=10, child_pid=11, child_cmdline=["python", "t.py"], attempt=1)
     atomic_write_json(tmp_path / "supervisor.json", st.to_json())

@@ -39,7 +39,8 @@ def test_checkpoint_that_trains_into_nan_is_condemned_and_the_older_one_finishes
     # (a time-based save at step 32 may or may not land) is condemned with it.
     names = [Path(e["path"]).name for e in rejected]
     assert names[0] == "step-00000030" and all("step-00000030" < n < "step-00000033" for n in names[1:]), names
-    assert rejected[0]["reason"].startswith("poisoned: diverged at step 33, 3 steps after resuming from it")
+    assert rejected[0]["poisoned"] is True
+    assert rejected[0]["reason"].startswith("diverged at step 33, 3 steps after resuming from it")
     shim_ev = events(run_dir, "diverged")
     assert len(shim_ev) == 1 and shim_ev[0]["step"] == 33 and shim_ev[0]["loss"] == "nan"
     got, ref = torch.load(out, weights_only=True), torch.load(ref_out, weights_only=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from supervisor.classify import AttemptFacts, Kind, classify
 from supervisor.launch import ProcessFailure
-from supervisor.launch import parse_rendezvous_failure
+from supervisor.launch import RendezvousFailure, parse_rendezvous_failure
 from supervisor.policy import Action, RestartPolicy
 
 CKPT = "/run/checkpoints/step-00000008"
@@ -46,13 +46,16 @@ def test_rendezvous_failing_past_the_window_counts_but_does_not_condemn_the_chec
 def test_torchruns_closed_rendezvous_is_recognised_only_when_no_rank_failed():
     tail = ["    raise RendezvousClosedError",
             "torch.distributed.elastic.rendezvous.api.RendezvousClosedError"]
-    assert parse_rendezvous_failure(tail) == "RendezvousClosedError"
-    assert parse_rendezvous_failure(["torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError: "
-                                     "The node 'x' has failed to join"]) == (
-        "RendezvousTimeoutError: The node 'x' has failed to join")
+    closed = parse_rendezvous_failure(tail)
+    assert closed == RendezvousFailure("RendezvousClosedError") and closed.closed
+    timeout = parse_rendezvous_failure(["torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError: "
+                                        "The node 'x' has failed to join"])
+    assert timeout == RendezvousFailure("RendezvousTimeoutError", "The node 'x' has failed to join")
+    assert not timeout.closed
     assert parse_rendezvous_failure(["Traceback", "RuntimeError: boom"]) is None
-    kind, evidence = classify(AttemptFacts(returncode=1, rendezvous_error="RendezvousClosedError"))
+    kind, evidence = classify(AttemptFacts(returncode=1, rendezvous_error=closed))
     assert kind is Kind.RENDEZVOUS and "another node's previous attempt had not ended yet" in evidence
-    kind, _ = classify(AttemptFacts(returncode=1, rendezvous_error="RendezvousClosedError",
+    assert "torchrun could not join its peers: RendezvousClosedError" in evidence
+    kind, _ = classify(AttemptFacts(returncode=1, rendezvous_error=closed,
                                     rank_failures=(ProcessFailure(rank=1, pid=7, exitcode=1),)))
     assert kind is Kind.CRASH

@@ -24,7 +24,7 @@ One module per idea:
     commit     the one commit protocol (tmp dir, hashed members, manifest last, rename), discard
     index      checkpoint_metadata.json, checkpoint search roots
     frameworks HF Trainer / Lightning layouts: checkpoint-N dirs, extra roots, member names
-    snapshots  memory snapshot slots in /dev/shm: names, the owner/mode trust rule
+    snapshots  memory snapshot slots in /dev/shm: names, the owner/mode trust rule, find/persist/free
     doctor     doctor mode: digest-log record kinds, injected faults
 
 Run-dir layout::
@@ -91,6 +91,7 @@ from .snapshots import (
     SHM_DIR, SNAPSHOT_PREFIX, SNAPSHOT_SLOTS, TABLE_SUFFIX, TENSOR_REF, TENSORS_SUFFIX, snapshot_slot_paths,
     snapshot_slot_ranks,
     untrusted_slot_reason,
+    complete_slots, free_slots, newest_complete, persist_newest, persist_slot, remove_slot,
 )
 from .stepmark import STEP_MARK_SIZE, StepMark, reached_step, read_step_mark
 
@@ -134,6 +135,7 @@ __all__ = [
     "snapshot_slot_paths",
     "snapshot_slot_ranks",
     "untrusted_slot_reason",
+    "complete_slots", "newest_complete", "persist_slot", "persist_newest", "free_slots", "remove_slot",
     # doctor mode
     "MARK_STEP", "MARK_BATCH", "MARK_EPOCH", "FAULT_KILL", "FAULT_RAISE", "parse_faults",
 ]

@@ -15,6 +15,7 @@ from typing import Any, Optional
 
 from .errors import ContractError
 from .frameworks import parse_hf_checkpoint_name
+from .records import HeartbeatRecord
 
 __all__ = [
     "CHECKPOINTS", "NODES", "LATEST", "TMP_PREFIX", "CKPT_PREFIX", "RUN_DIR_MODE",
@@ -148,9 +149,9 @@ class RunDir:
         """heartbeats/rank-<R>.step: the last step rank R reached (see stepmark.py)."""
         return self.heartbeats / step_mark_name(rank)
 
-    def owns_heartbeat(self, hb: dict) -> bool:
+    def owns_heartbeat(self, hb: HeartbeatRecord) -> bool:
         """Whether this (node's) supervisor judges the rank that wrote `hb`: on a single node, every rank."""
-        return self.node is None or hb.get("node") == self.node
+        return self.node is None or hb.node == self.node
 
     def attempt_log(self, attempt: int) -> Path:
         return self.logs / f"attempt-{attempt:04d}.log"

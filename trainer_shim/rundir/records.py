@@ -62,23 +62,49 @@ class HeartbeatRecord:
     resumed_from: Optional[str] = None        # dir actually loaded, after any fallback; None when fresh
     save_bytes: Optional[int] = 0             # bytes written so far while phase is "saving"
     node: Optional[int] = None                # set only in a multi-node job
+    total_steps: Optional[int] = None         # the run's length in steps, once the shim knows it (progress, ETA)
+    save_interval_s: Optional[float] = None   # the current automatic save interval, when there is one
 
     def to_json(self) -> dict:
         d = dataclasses.asdict(self)
-        if self.node is None:  # single-node heartbeats have never carried the key
-            del d["node"]
+        for k in _OMITTED_WHEN_NONE:  # keys a beat carries only once they have a value
+            if d[k] is None:
+                del d[k]
         return d
 
     @classmethod
     def from_json(cls, d: Any) -> Optional["HeartbeatRecord"]:
-        """The record, or None when `d` is not a heartbeat (no integer pid)."""
+        """The record, or None when `d` is not a heartbeat (no integer pid).
+
+        A field of the wrong type, or missing, takes its default (a reader must not fail on a beat
+        that an older or newer shim wrote); unknown keys are ignored.
+        """
         if not isinstance(d, dict) or _opt_int(d.get("pid")) is None:
             return None
-        known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in known})
+        kw = {f.name: d[f.name] for f in dataclasses.fields(cls)
+              if f.name in d and _HB_CHECKS[f.name](d[f.name])}
+        return cls(**kw)
 
 
-HEARTBEAT_FIELDS = tuple(f.name for f in dataclasses.fields(HeartbeatRecord) if f.name != "node")
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+# Per field: does a JSON value fit it? (None only where the field is Optional.)
+_HB_CHECKS: dict[str, Any] = {
+    **dict.fromkeys(("pid", "rank", "attempt", "step", "epoch", "seq"), _is_int),
+    **dict.fromkeys(("checkpoint_step", "save_bytes", "node", "total_steps"), lambda v: v is None or _is_int(v)),
+    **dict.fromkeys(("loss", "save_interval_s"), lambda v: v is None or _is_num(v)),
+    "phase": lambda v: isinstance(v, str),
+    **dict.fromkeys(("time", "resumed_from"), lambda v: v is None or isinstance(v, str)),
+}
+_OMITTED_WHEN_NONE = ("node", "total_steps", "save_interval_s")
+
+HEARTBEAT_FIELDS = tuple(f.name for f in dataclasses.fields(HeartbeatRecord) if f.name not in _OMITTED_WHEN_NONE)
 
 
 def read_heartbeat(path: Path) -> Optional[dict]:
@@ -144,8 +170,8 @@ class SupervisorState:
     def from_json(cls, d: Any) -> "SupervisorState":
         if not isinstance(d, dict) or not isinstance(d.get("state"), str) or _opt_int(d.get("supervisor_pid")) is None:
             raise ContractError("supervisor.json is not a supervisor state (needs state and supervisor_pid)")
-        known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in known})
+        # An optional field of the wrong type takes its default: readers (status, stop) must not fail on it.
+        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d and _SUP_CHECKS[f.name](d[f.name])})
 
     @classmethod
     def read(cls, path: Path) -> "SupervisorState":
@@ -155,6 +181,17 @@ class SupervisorState:
             return cls.from_json(d)
         except ContractError as e:
             raise ContractError(f"{path}: {e}") from e
+
+
+_SUP_CHECKS: dict[str, Any] = {
+    "state": lambda v: isinstance(v, str),
+    **dict.fromkeys(("supervisor_pid", "restarts"), _is_int),
+    **dict.fromkeys(("node", "child_pid", "attempt"), lambda v: v is None or _is_int(v)),
+    **dict.fromkeys(("host", "started_at", "updated_at"), lambda v: v is None or isinstance(v, str)),
+    **dict.fromkeys(("supervisor_create_time", "child_create_time"), lambda v: v is None or _is_num(v)),
+    "child_cmdline": lambda v: v is None or (isinstance(v, list) and all(isinstance(a, str) for a in v)),
+    "config": lambda v: isinstance(v, dict),
+}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,16 +9,33 @@ shape, stride, offset, nbytes and xxh3_64 digest per tensor, written before MANI
 table entry i). Events: Event.CHECKPOINT_PERSISTED_BY_SUPERVISOR {path,
 step}, Event.SAVE_SKIPPED {step, target, reason}; async writer failures are CHECKPOINT_FAILED
 with `background: true`.
+
+Torch-free, so both sides use them: finding the complete slots (`newest_complete`), persisting one
+to disk (`persist_slot`, `persist_newest`: a byte copy hashed against the slot's own manifest, committed
+by the one commit protocol) and freeing them (`free_slots`). The supervisor persists the newest slot after
+an attempt dies and frees the slots when it stops; a trainer started without a supervisor persists
+a slot it restored from.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import shutil
 import stat
+from collections.abc import Callable
 from pathlib import Path
 from typing import Optional
 
 import xxhash
+
+from .atomic import atomic_write_json
+from .commit import commit_dir, copy_verified, fresh_tmp_dir, tmp_dir
+from .errors import InvalidCheckpoint
+from .index import checkpoint_roots, index_entry, read_index
+from .layout import RunDir, checkpoint_name
+from .manifest import MANIFEST_NAME, CheckpointInfo, FileEntry, Manifest, inspect_checkpoint, safe_member
+from .selection import newest_valid
 
 SHM_DIR = Path("/dev/shm")
 SNAPSHOT_PREFIX = "resilient-run-"
@@ -81,3 +98,146 @@ def untrusted_slot_reason(path: Path) -> Optional[str]:
     except OSError as e:
         return f"cannot list: {e.strerror or e}"
     return None
+
+
+Reject = Callable[[Path, str], None]
+
+
+def complete_slots(run_root: Path, node: Optional[int] = None, on_reject: Optional[Reject] = None,
+                   rank: int = 0) -> list[CheckpointInfo]:
+    """Trusted slots of `rank` whose manifest is written and whose members have their sizes,
+    newest step first.
+
+    A slot being rewritten has no MANIFEST.json (it is unlinked before the first byte changes),
+    so a half-written slot is never listed.
+    """
+    found = []
+    for path in snapshot_slot_paths(run_root, node, rank):
+        if not os.path.lexists(path):
+            continue
+        why = untrusted_slot_reason(path)
+        if why is not None:
+            if on_reject:
+                on_reject(path, f"memory snapshot not trusted: {why}")
+            continue
+        if not (path / MANIFEST_NAME).exists():
+            continue  # being written, or abandoned mid-write: never used
+        try:
+            found.append(inspect_checkpoint(path))
+        except InvalidCheckpoint as e:
+            if on_reject:
+                on_reject(path, f"memory snapshot: {e.reason}")
+    found.sort(key=lambda i: i.step, reverse=True)
+    return found
+
+
+def _same_save(a: Manifest, b: Manifest) -> bool:
+    """Two ranks' slot manifests belong to one save (the same step of the same world)."""
+    return ((a.global_step, a.epoch, a.batch_in_epoch, a.kind, a.exact, a.world_size)
+            == (b.global_step, b.epoch, b.batch_in_epoch, b.kind, b.exact, b.world_size))
+
+
+def newest_complete(run_root: Path, node: Optional[int] = None,
+                    on_reject: Optional[Reject] = None) -> Optional[list[CheckpointInfo]]:
+    """The newest snapshot every rank holds complete: one slot per rank, in rank order (one slot
+    for a single process). Rank R's slot holds only rank R's share of the checkpoint (the members
+    it writes to disk) and a manifest listing those, with the job's world_size."""
+    by_rank = {r: complete_slots(run_root, node, on_reject, r) for r in snapshot_slot_ranks(run_root, node)}
+    for first in by_rank.get(0, []):
+        picks = [first]
+        for r in range(1, first.manifest.world_size):
+            picks += [i for i in by_rank.get(r, []) if _same_save(i.manifest, first.manifest)][:1]
+        if len(picks) == first.manifest.world_size:
+            return picks
+    return None
+
+
+def merged_manifest(infos: list[CheckpointInfo]) -> Manifest:
+    """One checkpoint's manifest from the manifests of its ranks' slots (their files are disjoint)."""
+    files: dict[str, FileEntry] = {}
+    for info in infos:
+        clash = files.keys() & info.manifest.files.keys()
+        if clash:
+            raise InvalidCheckpoint(info.path, f"{sorted(clash)[0]} is in two ranks' snapshots")
+        files.update(info.manifest.files)
+    return dataclasses.replace(infos[0].manifest, files=files)
+
+
+def persist_slot(info: CheckpointInfo | list[CheckpointInfo], ckpt_root: Path,
+            progress: Callable[[int], None] = lambda n: None) -> Optional[Path]:
+    """Copy a complete slot (or every rank's slot of one save) into ckpt_root as step-N, hashing
+    every byte against the slots' manifests (slots someone else wrote); None if step-N already
+    exists there. (The trainer's own writer copies through its saving path instead.)
+
+    OSError (disk) and InvalidCheckpoint (the slot changed or lied) propagate; the tmp dir is
+    removed on any failure and a committed dir is never overwritten.
+    """
+    infos = info if isinstance(info, list) else [info]
+    manifest = merged_manifest(infos)
+    name = checkpoint_name(manifest.global_step)
+    final = Path(ckpt_root) / name
+    if final.exists():
+        return None
+    tmp = tmp_dir(ckpt_root, name)
+    try:
+        fresh_tmp_dir(ckpt_root, name)
+        written = 0
+        for one in infos:
+            for rel, ent in sorted(one.manifest.files.items()):
+                written += copy_verified(safe_member(one.path, rel), tmp / rel, ent.xxh3_128, progress, written)
+        # One slot: its own manifest bytes, unchanged; several: the merged manifest.
+        raw = (infos[0].path / MANIFEST_NAME).read_bytes() if len(infos) == 1 else manifest.to_bytes()
+        commit_dir(tmp, final, raw, repoint=manifest.exact)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def add_to_index(rd: RunDir, path: Path, manifest: Manifest) -> None:
+    """Record a checkpoint the trainer did not write itself (rotation is the next save's business)."""
+    idx = read_index(rd)
+    idx[path.name] = index_entry(manifest, is_best=False, directory=path)
+    atomic_write_json(rd.index, idx)
+
+
+def persist_newest(rd: RunDir, on_reject: Optional[Reject] = None) -> Optional[tuple[Path, Manifest]]:
+    """Persist the newest snapshot every rank holds complete if it is newer than every valid disk checkpoint."""
+    slots = newest_complete(rd.root, rd.node, on_reject)
+    if not slots:
+        return None
+    disk = newest_valid(checkpoint_roots(rd))
+    manifest = merged_manifest(slots)
+    if disk is not None and disk.step >= manifest.global_step:
+        return None
+    final = persist_slot(slots, rd.checkpoints)
+    if final is None:
+        return None
+    try:
+        add_to_index(rd, final, manifest)
+    except OSError:
+        pass  # the index is bookkeeping; the committed dir is what counts
+    return final, manifest
+
+
+def remove_slot(path: Path) -> None:
+    """Remove one slot (dir, or whatever else sits at its name) without following links."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+def free_slots(run_root: Path, node: Optional[int] = None) -> None:
+    """Remove this run's slots, every rank's (only ones this user owns; a foreign one is not ours to touch)."""
+    ranks = set(snapshot_slot_ranks(run_root, node)) | {0}
+    for path in (p for r in sorted(ranks) for p in snapshot_slot_paths(run_root, node, r)):
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if st.st_uid == os.geteuid():
+            remove_slot(path)

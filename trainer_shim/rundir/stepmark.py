@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Optional
 
 from .layout import RunDir
-from .records import read_heartbeat
+from .records import read_heartbeat_record
 
 __all__ = ["StepMark", "read_step_mark", "reached_step", "STEP_MARK_SIZE"]
 
@@ -89,9 +89,8 @@ def reached_step(run_dir: RunDir, rank: int, attempt: int) -> Optional[int]:
     None when the rank has no heartbeat of this attempt (it never started, or the files are an
     earlier attempt's, whose mark would lie).
     """
-    hb = read_heartbeat(run_dir.heartbeat(rank))
-    if hb is None or hb.get("attempt") != attempt:
+    hb = read_heartbeat_record(run_dir.heartbeat(rank))
+    if hb is None or hb.attempt != attempt:
         return None
-    beat = hb.get("step") if isinstance(hb.get("step"), int) else None
     mark = read_step_mark(run_dir.step_mark(rank))
-    return max((s for s in (mark, beat) if s is not None), default=None)
+    return max(hb.step, mark) if mark is not None else hb.step
