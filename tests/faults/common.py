@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Optional
 
 import psutil
-import pytest
 import torch
 
 from tests.conftest import JOBS, PYTHON
@@ -26,8 +25,6 @@ from tests.support import assert_equal_state, ended_kinds, events, heartbeat, su
 from trainer_shim import rundir
 
 TOY = str(JOBS / "toy_train.py")
-LONG = os.environ.get("RRTEST_LONG_FAULTS") == "1"
-long_only = pytest.mark.skipif(not LONG, reason="long fault variant: set RRTEST_LONG_FAULTS=1 (make test-faults)")
 
 # Fast supervisor settings for the campaign: restart at once, short timeouts.
 FAST = ("--backoff", "0", "--heartbeat-timeout", "3", "--grace-period", "2")
