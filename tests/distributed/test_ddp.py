@@ -19,7 +19,8 @@ from supervisor.errors import ConfigError
 from supervisor.launch import ProcessFailure, parse_torchrun_failure, torchrun_command
 from tests.conftest import mounted_tmpfs
 from tests.save_modes import modes, save_mode  # noqa: F401  (fixture)
-from tests.distributed.common import DDP_JOB, FAST, assert_same_weights, recovered_run
+from tests.distributed.common import DDP_JOB, FAST, recovered_run
+from tests.support import assert_same_weights
 from tests.supervisor.helpers import alive, ended_kinds, events, heartbeat, kill_group, run_cli, start_cli, wait_until
 from trainer_shim import rundir
 

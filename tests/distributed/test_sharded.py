@@ -19,7 +19,8 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
 import trainer_shim
-from tests.distributed.common import DDP_JOB, FAST, assert_equal_state, assert_same_weights, ddp_run, weights
+from tests.distributed.common import DDP_JOB, FAST, ddp_run
+from tests.support import assert_equal_state, assert_same_weights, weights
 from tests.supervisor.helpers import ended_kinds, events, run_cli, sup_env
 from trainer_shim import rundir
 from trainer_shim.errors import CheckpointError
