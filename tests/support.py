@@ -23,13 +23,13 @@ from typer.testing import CliRunner
 
 from supervisor import cli
 from tests.conftest import JOBS, PYTHON, REPO, child_env
-from trainer_shim.rundir import (ContractError, Event, RunDir, parse_checkpoint_name, read_events, read_heartbeat,
+from trainer_shim.rundir import (EVENT_FIRST_STEP, ContractError, Event, RunDir, parse_checkpoint_name, read_events, read_heartbeat,
                                  read_json)
 
 T = TypeVar("T")
 
 __all__ = ["sup_env", "run_cli", "invoke_cli", "start_cli", "faulted_run", "wait_until", "kill_group", "events", "ended_kinds",
-           "resumed_from", "resumed_steps", "rejected", "heartbeat", "supervisor_state", "weights", "assert_equal_state", "assert_same_weights"]
+           "resumed_from", "resumed_steps", "first_steps", "rejected", "heartbeat", "supervisor_state", "weights", "assert_equal_state", "assert_same_weights"]
 
 CLI = [PYTHON, "-m", "supervisor"]
 TOY = str(JOBS / "toy_train.py")
@@ -120,6 +120,12 @@ def resumed_from(run_dir: Path, node: Optional[int] = None) -> list[Optional[str
 def resumed_steps(run_dir: Path, node: Optional[int] = None) -> list[Optional[int]]:
     """The step of each attempt's chosen checkpoint (None: a fresh start): the record, not the log line."""
     return [parse_checkpoint_name(Path(p).name) if p else None for p in resumed_from(run_dir, node)]
+
+
+def first_steps(run_dir: Path, node: Optional[int] = None) -> dict[int, int]:
+    """Attempt -> the step its first counted step reached (the shim's first_step event, written with or
+    without a supervisor): N + 1 after resuming from step N, 1 after a fresh start."""
+    return {e["attempt"]: e["step"] for e in events(run_dir, EVENT_FIRST_STEP, node)}
 
 
 def rejected(run_dir: Path, node: Optional[int] = None) -> list[dict]:
