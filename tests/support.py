@@ -1,5 +1,5 @@
-"""The one helper module every test area shares: running the CLI, polling, killing, reading the run dir,
-comparing weights.
+"""The one helper module every test area shares: running the CLI (as a process, or in-process for bad
+input), polling, killing, reading the run dir's events and records, comparing weights.
 
 Area helpers (tests/supervisor/helpers.py, tests/shim/helpers.py, tests/faults/common.py,
 tests/distributed/common.py) build on these; none restates them. torch is imported only by the
@@ -23,13 +23,15 @@ from typer.testing import CliRunner
 
 from supervisor import cli
 from tests.conftest import JOBS, PYTHON, REPO, child_env
-from trainer_shim.rundir import (EVENT_FIRST_STEP, ContractError, Event, RunDir, parse_checkpoint_name, read_events, read_heartbeat,
-                                 read_json)
+from trainer_shim.rundir import (
+    EVENT_FIRST_STEP, ContractError, Event, RunDir, parse_checkpoint_name, read_events, read_heartbeat, read_json,
+)
 
 T = TypeVar("T")
 
-__all__ = ["sup_env", "run_cli", "invoke_cli", "start_cli", "faulted_run", "wait_until", "kill_group", "events", "ended_kinds",
-           "resumed_from", "resumed_steps", "first_steps", "rejected", "heartbeat", "supervisor_state", "weights", "assert_equal_state", "assert_same_weights"]
+__all__ = ["sup_env", "run_cli", "invoke_cli", "start_cli", "faulted_run", "wait_until", "kill_group", "events",
+           "ended_kinds", "resumed_from", "resumed_steps", "first_steps", "rejected", "heartbeat", "supervisor_state",
+           "weights", "assert_equal_state", "assert_same_weights"]
 
 CLI = [PYTHON, "-m", "supervisor"]
 TOY = str(JOBS / "toy_train.py")
@@ -43,7 +45,8 @@ def sup_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def run_cli(*args: str, env: Optional[dict] = None, timeout: float = 120, cwd: Optional[Path] = None) -> subprocess.CompletedProcess:
+def run_cli(*args: str, env: Optional[dict] = None, timeout: float = 120,
+            cwd: Optional[Path] = None) -> subprocess.CompletedProcess:
     return subprocess.run([*CLI, *args], env=env or sup_env(), capture_output=True, text=True, timeout=timeout, cwd=cwd)
 
 
