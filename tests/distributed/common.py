@@ -1,4 +1,4 @@
-"""Helpers for the distributed tests: run tests/jobs/ddp_train.py under the real supervisor and compare weights."""
+"""Helpers for the distributed tests: run tests/jobs/ddp_train.py under the real supervisor (weights: tests/support.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Optional
 
 from tests.conftest import JOBS
-from tests.support import assert_equal_state, ended_kinds, run_cli, sup_env, weights  # noqa: F401 - re-exported
+from tests.support import ended_kinds, run_cli, sup_env
 
 DDP_JOB = str(JOBS / "ddp_train.py")
 FAST = ["--backoff", "0", "--heartbeat-timeout", "5", "--grace-period", "20"]
