@@ -19,13 +19,12 @@ system-deps:
 	@bash .ci/system-deps
 
 test: install system-deps
-	$(PY) -m pytest -q -ra --durations=15 tests
+	$(PY) -m pytest -q -ra --durations=15 -m "not long" tests
 
-# Long, many-seed variants of the failure campaign (chaos soak, repeated seeds) and every save mode
-# of the resume and DDP tests: each file below has tests that skip without RRTEST_LONG_FAULTS=1.
+# The long variants, wherever they are: the chaos soak, repeated seeds and every save mode of the
+# resume and DDP tests. One marker selects them (tests/test_markers.py checks that none escapes it).
 test-faults: install
-	RRTEST_LONG_FAULTS=1 $(PY) -m pytest -q -ra --durations=15 tests/faults tests/shim/test_resume_exact.py \
-		tests/distributed/test_ddp.py
+	$(PY) -m pytest -q -ra --durations=15 -m long tests
 
 demo: install
 	$(PY) examples/demo.py

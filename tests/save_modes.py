@@ -1,6 +1,6 @@
-"""Save modes for the bit-exactness and fault tests: the same tests, with async saves
-and memory snapshots. `make test` runs a representative subset; the full matrix needs
-RRTEST_LONG_FAULTS=1 (`make test-faults`)."""
+"""Save modes for the bit-exactness and fault tests: the same tests, with async saves and memory
+snapshots. `make test` runs a representative subset; the rest of the matrix carries the `long`
+marker (`make test-faults` = `pytest -m long`)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,6 @@ import pytest
 from trainer_shim import rundir
 
 
-LONG = os.environ.get("RRTEST_LONG_FAULTS") == "1"
-
 MODES = {
     "sync": {},
     "async": {"TOY_ASYNC_SAVE": "1"},
@@ -24,9 +22,8 @@ PLAIN = {k: "" for k in ("TOY_ASYNC_SAVE", "TOY_MEMORY_EVERY")}  # reference run
 
 
 def modes(*short: str) -> list:
-    """Every mode; those not in `short` only under the long fault campaign."""
-    skip = pytest.mark.skipif(not LONG, reason="long variant: set RRTEST_LONG_FAULTS=1 (make test-faults)")
-    return [pytest.param(m, id=m, marks=() if m in short else skip) for m in MODES]
+    """Every mode; those not in `short` are long variants."""
+    return [pytest.param(m, id=m, marks=() if m in short else pytest.mark.long) for m in MODES]
 
 
 def shm_segments(run_dir: Path) -> list[Path]:

@@ -1,4 +1,4 @@
-"""Helpers for the distributed tests: run tests/jobs/ddp_train.py under the real supervisor and compare weights."""
+"""Helpers for the distributed tests: run tests/jobs/ddp_train.py under the real supervisor (weights: tests/support.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,7 @@ from pathlib import Path
 from typing import Optional
 
 from tests.conftest import JOBS
-from tests.supervisor.helpers import run_cli, sup_env
-from tests.support import assert_equal_state, ended_kinds, weights  # noqa: F401 - re-exported
+from tests.support import ended_kinds, run_cli, sup_env
 
 DDP_JOB = str(JOBS / "ddp_train.py")
 FAST = ["--backoff", "0", "--heartbeat-timeout", "5", "--grace-period", "20"]
@@ -31,9 +30,3 @@ def recovered_run(tmp: Path, name: str, *job_args: str, kinds: Sequence[str], **
     assert ended_kinds(rd) == list(kinds), p.stderr[-3000:]
     return rd, out
 
-
-def assert_same_weights(out: Path, ref: Path) -> None:
-    """Every rank's final weights in `out` are bitwise those of the uninterrupted run in `ref`."""
-    for r in (0, 1):
-        assert_equal_state(weights(out / f"final-rank-{r}.pt"), weights(ref / f"final-rank-{r}.pt"),
-                           f"rank {r} vs the uninterrupted run")

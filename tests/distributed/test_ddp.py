@@ -18,8 +18,9 @@ from supervisor.config import build_config
 from supervisor.errors import ConfigError
 from supervisor.launch import ProcessFailure, parse_torchrun_failure, torchrun_command
 from tests.conftest import mounted_tmpfs
-from tests.save_modes import LONG, modes, save_mode  # noqa: F401  (fixture)
-from tests.distributed.common import DDP_JOB, FAST, assert_same_weights, recovered_run
+from tests.save_modes import modes, save_mode  # noqa: F401  (fixture)
+from tests.distributed.common import DDP_JOB, FAST, recovered_run
+from tests.support import assert_same_weights
 from tests.supervisor.helpers import alive, ended_kinds, events, heartbeat, kill_group, run_cli, start_cli, wait_until
 from trainer_shim import rundir
 
@@ -104,7 +105,7 @@ def test_fast_saves_of_every_rank_survive_sigkill_bit_exact(reference: Path, tmp
     assert not list(rundir.tmp_dirs(rd / "checkpoints"))
 
 
-@pytest.mark.skipif(not LONG, reason="long variant: set RRTEST_LONG_FAULTS=1 (make test-faults)")
+@pytest.mark.long
 def test_a_full_primary_root_sends_every_ranks_save_to_the_fallback_dir(reference: Path, tmp_path: Path):
     # run/checkpoints is an 8 KiB tmpfs: a rank's write fails there (ENOSPC) and the same save,
     # on every rank, goes to the fallback dir; the resume after a kill comes from there.

@@ -14,7 +14,8 @@ import socket
 import sys
 from pathlib import Path
 
-from tests.distributed.common import DDP_JOB, FAST, assert_same_weights
+from tests.distributed.common import DDP_JOB, FAST
+from tests.support import assert_same_weights, invoke_cli
 import psutil
 
 from tests.supervisor.helpers import alive, ended_kinds, events, kill_group, run_cli, start_cli, sup_env, wait_until
@@ -170,9 +171,10 @@ def test_users_own_torchrun_command_is_supervised_like_ours(reference: Path, tmp
 
 def test_users_torchrun_with_its_own_restarts_or_no_node_rank_is_refused(tmp_path: Path):
     rd = tmp_path / "run"
-    p = run_cli("--run-dir", str(rd), "--", TORCHRUN, "--max-restarts", "3", "--nproc-per-node", "2", DDP_JOB)
+    # refused before any process starts: the CLI runs in this process
+    p = invoke_cli("--run-dir", str(rd), "--", TORCHRUN, "--max-restarts", "3", "--nproc-per-node", "2", DDP_JOB)
     assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
     assert "torchrun --max-restarts 3 would restart ranks behind the supervisor" in p.stderr
     assert not rd.exists()  # bad usage touches nothing
-    p = run_cli("--run-dir", str(rd), "--", TORCHRUN, "--nnodes", "2", "--nproc-per-node", "1", DDP_JOB)
-    assert p.returncode == 2 and "give this node's --node-rank" in p.stderr, p.stderr
+    p = invoke_cli("--run-dir", str(rd), "--", TORCHRUN, "--nnodes", "2", "--nproc-per-node", "1", DDP_JOB)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "give this node's --node-rank" in p.stderr, p.stderr

@@ -16,21 +16,15 @@ from pathlib import Path
 from typing import Optional
 
 import psutil
-import pytest
 import torch
 
-from tests.conftest import JOBS, PYTHON
+from tests.conftest import PYTHON
 from tests.save_modes import PLAIN
-from tests.supervisor.helpers import kill_group, run_cli, start_cli, sup_env
-from tests.support import assert_equal_state, ended_kinds, events, heartbeat, supervisor_state, wait_until, weights
+from tests.support import (  # noqa: F401 - FAST, TOY and faulted_run re-exported for the campaign
+    FAST, TOY, assert_equal_state, events, faulted_run, heartbeat, kill_group, run_cli, start_cli, sup_env,
+    supervisor_state, wait_until, weights,
+)
 from trainer_shim import rundir
-
-TOY = str(JOBS / "toy_train.py")
-LONG = os.environ.get("RRTEST_LONG_FAULTS") == "1"
-long_only = pytest.mark.skipif(not LONG, reason="long fault variant: set RRTEST_LONG_FAULTS=1 (make test-faults)")
-
-# Fast supervisor settings for the campaign: restart at once, short timeouts.
-FAST = ("--backoff", "0", "--heartbeat-timeout", "3", "--grace-period", "2")
 
 _REF_CACHE: dict[tuple[str, ...], dict[str, torch.Tensor]] = {}
 
@@ -61,17 +55,6 @@ def _without_step_sleep(args: tuple[str, ...]) -> tuple[str, ...]:
         elif not a.startswith("--step-sleep="):
             out.append(a)
     return tuple(out)
-
-
-def faulted_run(run_dir: Path, out: Path, job: tuple[str, ...], faults: str, kinds: list[str],
-                timeout: float = 240) -> subprocess.CompletedProcess:
-    """toy_train.py with TOY_FAULTS under the supervisor CLI (FAST settings): it must exit 0 after
-    attempts ending as `kinds`, in order."""
-    r = run_cli("--run-dir", str(run_dir), *FAST, TOY, *job, "--out", str(out), env=sup_env(TOY_FAULTS=faults),
-                timeout=timeout)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert ended_kinds(run_dir) == kinds, r.stderr[-3000:]
-    return r
 
 
 def assert_bit_exact(out: Path, ref: dict[str, torch.Tensor]) -> None:
@@ -218,10 +201,6 @@ def run_under_killer(run_dir: Path, seed: int, kills: int, *argv: str, env: dict
     stderr = p.stderr.read()
     assert killer.error is None, killer.error
     return rc, stderr, killer
-
-
-def resumed_from_events(run_dir: Path) -> list[Optional[str]]:
-    return [e.get("resume_from") for e in events(run_dir, "attempt_started")]
 
 
 def verify_cli(run_dir: Path) -> subprocess.CompletedProcess:

@@ -1,4 +1,4 @@
-"""`resilient-run doctor` on the framework integrations and a 2-rank torchrun job (RRTEST_LONG_FAULTS=1:
+"""`resilient-run doctor` on the framework integrations and a 2-rank torchrun job (`long` tests:
 each is a baseline and an interrupted run of a real framework job, 30-45 s on the 2-core box)."""
 
 from __future__ import annotations
@@ -12,10 +12,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import JOBS, REPO
-from tests.faults.common import long_only
 from tests.supervisor.helpers import run_cli, sup_env
 
-pytestmark = long_only
+pytestmark = pytest.mark.long
 
 
 def _doctor(tmp_path: Path, *job: str, steps: int = 12, kill_at: str = "7", env=None) -> dict:

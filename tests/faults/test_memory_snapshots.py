@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.save_modes import LONG, MODES, PLAIN, shm_segments
+from tests.save_modes import MODES, PLAIN, shm_segments
 from tests.shim.helpers import run_toy, shim_lines
 from tests.supervisor.helpers import ended_kinds, events, kill_group, start_cli, sup_env
 from trainer_shim import rundir
@@ -55,8 +55,7 @@ def _killed_standalone(run_dir: Path) -> list[Path]:
     return slots
 
 
-@pytest.mark.parametrize("damage", ["half_written", pytest.param("loose_mode", marks=pytest.mark.skipif(
-    not LONG, reason="long variant: set RRTEST_LONG_FAULTS=1 (make test-faults)")), "foreign_owner"])
+@pytest.mark.parametrize("damage", ["half_written", pytest.param("loose_mode", marks=pytest.mark.long), "foreign_owner"])
 def test_a_half_written_or_untrusted_slot_is_never_used(tmp_path: Path, damage: str) -> None:
     args = (*SMALL[:2], "--save-every", "5")
     run_dir = tmp_path / "run"
@@ -87,23 +86,27 @@ def test_a_half_written_or_untrusted_slot_is_never_used(tmp_path: Path, damage: 
     assert not shm_segments(run_dir)
 
 
-CHAOS_SEEDS = list(range(1, 11)) if LONG else [3]
-CHAOS_KILLS = 10 if LONG else 3
 JOB = ("--hidden", "900", "--samples", "400", "--batch-size", "4", "--epochs", "3", "--save-every", "10",
        "--step-sleep", "0.01")
 
 
-@pytest.mark.parametrize("seed", CHAOS_SEEDS)
-@pytest.mark.parametrize("mode", [m for m in MODES if m != "sync" and (LONG or m == "async+memory")])
-def test_chaos_kill9_with_async_saves_and_memory_snapshots_is_bit_exact(tmp_path: Path, mode: str, seed: int) -> None:
+# make test: one seed with 3 kills in async+memory; the long variants: seeds 1-10 with 10 kills in every fast mode.
+CHAOS = [pytest.param("async+memory", 3, 3, id="async+memory-3")] + [
+    pytest.param(m, seed, 10, id=f"{m}-{seed}-kills10", marks=pytest.mark.long)
+    for m in MODES if m != "sync" for seed in range(1, 11)]
+
+
+@pytest.mark.parametrize("mode,seed,kills", CHAOS)
+def test_chaos_kill9_with_async_saves_and_memory_snapshots_is_bit_exact(tmp_path: Path, mode: str, seed: int,
+                                                                         kills: int) -> None:
     ref = reference(tmp_path, *JOB)
     run_dir, out = tmp_path / "run", tmp_path / "weights.pt"
     # Half of the kills wait for a write (a .tmp-step-* dir: the background persist).
-    rc, stderr, killer = run_under_killer(run_dir, seed, CHAOS_KILLS, *SUP, TOY, *JOB, "--out", str(out),
+    rc, stderr, killer = run_under_killer(run_dir, seed, kills, *SUP, TOY, *JOB, "--out", str(out),
                                           env=sup_env(**MODES[mode]), timeout=400)
     assert rc == 0, stderr[-3000:]
-    assert len(killer.log) == CHAOS_KILLS, killer.log
-    assert ended_kinds(run_dir) == ["signal"] * CHAOS_KILLS + ["success"]
+    assert len(killer.log) == kills, killer.log
+    assert ended_kinds(run_dir) == ["signal"] * kills + ["success"]
     assert not events(run_dir, "checkpoint_rejected"), "a .tmp-* or half-written snapshot was offered"
     chosen = [e.get("resume_from") for e in events(run_dir, "attempt_started")]
     assert not any(rundir.TMP_PREFIX in (c or "") for c in chosen)

@@ -6,7 +6,9 @@ from pathlib import Path
 
 from tests.supervisor.helpers import ended_kinds, events, run_cli, sup_env
 
-from .common import FAST, TOY, assert_bit_exact, assert_no_survivors, reference, resumed_from_events
+from tests.support import resumed_from
+
+from .common import FAST, TOY, assert_bit_exact, assert_no_survivors, reference
 
 JOB = ("--epochs", "2", "--samples", "96", "--batch-size", "8", "--save-every", "5")  # 24 steps
 
@@ -19,7 +21,7 @@ def test_poisoned_checkpoint_falls_back_to_the_older_one_after_three_attempts(tm
     r = run_cli("--run-dir", str(run_dir), *FAST, TOY, *JOB, "--out", str(out), env=env, timeout=240)
     assert r.returncode == 0, r.stderr[-3000:]
     assert ended_kinds(run_dir) == ["signal", "crash", "crash", "crash", "success"]
-    starts = [Path(s).name if s else None for s in resumed_from_events(run_dir)]
+    starts = [Path(s).name if s else None for s in resumed_from(run_dir)]
     assert starts == [None, "step-00000010", "step-00000010", "step-00000010", "step-00000005"]
     ended = events(run_dir, "attempt_ended")
     assert [Path(e["resumed_from"]).name if e["resumed_from"] else None for e in ended] == starts

@@ -1,4 +1,4 @@
-"""Trial 11 (RRTEST_LONG_FAULTS=1 only): a long chaos soak of kills, hangs and SIGTERM stops + reruns.
+"""Trial 11 (a `long` test only): a long chaos soak of kills, hangs and SIGTERM stops + reruns.
 
 RRTEST_SOAK_SECONDS (default 900) and RRTEST_SOAK_KILLS (default 50) bound it from below:
 rounds run until both are reached. Every round must end bit-exact with no leaked process, and
@@ -13,9 +13,11 @@ import signal
 import threading
 import time
 
+import pytest
+
 from tests.supervisor.helpers import ended_kinds, heartbeat, kill_group, start_cli, sup_env, wait_until
 
-from .common import TOY, Killer, assert_bit_exact, killer_config, assert_no_survivors, checkpoint_steps, current_trainer, long_only, reference
+from .common import TOY, Killer, assert_bit_exact, killer_config, assert_no_survivors, checkpoint_steps, current_trainer, reference
 
 JOB = ("--hidden", "256", "--samples", "400", "--batch-size", "4", "--epochs", "3", "--save-every", "10",
        "--step-sleep", "0.01", "--keep-last", "3")
@@ -23,7 +25,7 @@ BOUND = 3 + 10 + 1 + 1  # keep_last + keep_epochs (shim default) + keep_best (de
 SUP = ("--backoff", "0", "--heartbeat-timeout", "2", "--grace-period", "2")
 
 
-@long_only
+@pytest.mark.long
 def test_chaos_soak(tmp_path):
     seconds = float(os.environ.get("RRTEST_SOAK_SECONDS", "900"))
     want_kills = int(os.environ.get("RRTEST_SOAK_KILLS", "50"))

@@ -10,8 +10,8 @@ import pytest
 
 from trainer_shim import rundir
 
-from tests.support import wait_until
-from tests.save_modes import LONG, modes, shm_segments
+from tests.support import first_steps, wait_until
+from tests.save_modes import MODES, modes, shm_segments
 
 from .helpers import assert_same_weights, chain, kill_group, run_toy, shim_lines, start_toy
 
@@ -25,19 +25,17 @@ from .helpers import assert_same_weights, chain, kill_group, run_toy, shim_lines
 @pytest.mark.parametrize("save_mode", modes("sync"), indirect=True)
 def test_sigkill_anywhere_resumes_bit_exact(run_dir: Path, refs, num_workers: str, epochs: str,
                                             kills: list[int], save_mode: str) -> None:
-    if save_mode != "sync" and num_workers != "0" and not LONG:
-        pytest.skip("long variant: set RRTEST_LONG_FAULTS=1 (make test-faults)")
     ref = refs.get("--num-workers", num_workers, "--epochs", epochs)
     procs = chain(run_dir, kills, "--num-workers", num_workers, "--epochs", epochs)
     assert f"finished step {12 * int(epochs)}" in procs[-1].stdout
-    for killed_at, p in zip(kills, procs[1:]):
+    first = first_steps(run_dir)  # attempt -> its first step: N + 1 after resuming from step N
+    for attempt, (killed_at, p) in enumerate(zip(kills, procs[1:]), start=2):
         if "memory" in save_mode:  # a snapshot every step: the kill right after run.step() loses nothing
-            # (a disk save of the same step with other bytes, e.g. the data position, is preferred to the slot)
-            assert (shim_lines(p, f"resumed from memory step {killed_at}")
-                    or shim_lines(p, f"(step {killed_at}, ")), p.stderr
+            # (from the slot, or from a disk save of the same step, which is preferred to it)
+            assert first[attempt] == killed_at + 1, p.stderr
         elif save_mode == "sync":
-            # exactly one line says where it resumed from (or that it starts fresh: no save before step 5)
-            assert len(shim_lines(p, "resumed from" if killed_at >= 5 else "starting fresh")) == 1, p.stderr
+            # a resume (a fresh start while no save exists before step 5), never past the kill
+            assert (1 < first[attempt] <= killed_at + 1) if killed_at >= 5 else first[attempt] == 1, p.stderr
     if num_workers != "0":
         assert any(shim_lines(p, "num_workers=2") for p in procs[1:])
     assert_same_weights(ref / "final_weights.pt", run_dir / "final_weights.pt")
@@ -59,11 +57,13 @@ def _wait_in_save(run_dir: Path, proc, timeout: float = 60.0) -> bool:
     return False
 
 
-@pytest.mark.parametrize("num_workers", ["0", "2"])
-@pytest.mark.parametrize("save_mode", modes("sync", "async"), indirect=True)
+# make test: sync and async without workers, sync with workers; every other pair is a long variant.
+DURING_SAVE = [pytest.param(m, w, id=f"{m}-{w}", marks=() if m == "sync" or (m == "async" and w == "0")
+                            else pytest.mark.long) for m in MODES for w in ("0", "2")]
+
+
+@pytest.mark.parametrize("save_mode,num_workers", DURING_SAVE, indirect=["save_mode"])
 def test_sigkill_during_save_resumes_bit_exact(run_dir: Path, refs, num_workers: str, save_mode: str) -> None:
-    if save_mode != "sync" and num_workers != "0" and not LONG:
-        pytest.skip("long variant: set RRTEST_LONG_FAULTS=1 (make test-faults)")
     args = ("--hidden", "1200", "--epochs", "1", "--samples", "80", "--save-every", "3", "--num-workers", num_workers)
     ref = refs.get(*args)
     hit = 0

@@ -11,7 +11,7 @@ from pathlib import Path
 from trainer_shim import rundir
 from trainer_shim.heartbeat import Heartbeat
 
-from tests.support import wait_until
+from tests.support import first_steps, wait_until
 
 from .helpers import assert_same_weights, kill_group, manifest, run_toy, start_toy
 
@@ -48,7 +48,7 @@ def test_sigterm_loses_no_step_and_exits_75_sigusr1_dumps(run_dir: Path, refs) -
 
     p = run_toy(run_dir, attempt=2)
     assert p.returncode == 0, p.stderr[-3000:]
-    assert f"(step {newest.step}," in p.stderr
+    assert first_steps(run_dir)[2] == newest.step + 1, p.stderr  # resumed from the stop's checkpoint
     assert rundir.read_heartbeat(rd.heartbeat(0))["phase"] == "finished"
     assert_same_weights(ref / "final_weights.pt", run_dir / "final_weights.pt")
 
@@ -70,13 +70,13 @@ def test_crash_writes_error_and_inexact_emergency_never_auto_resumed(run_dir: Pa
 
     p = run_toy(run_dir, attempt=2, faults="1:raise@13,2:cuda_oom@18")
     assert p.returncode == 1
-    assert "(step 12, epoch 1, batch 0)" in p.stderr, p.stderr  # the emergency at 13 was passed over
+    assert first_steps(run_dir)[2] == 13, p.stderr  # resumed from step 12: the emergency at 13 was passed over
     assert json.loads(rd.error_file(2).read_text())["type"] == "torch.OutOfMemoryError"
     assert manifest(rd.checkpoint(18))["exact"] is False
 
     p = run_toy(run_dir, attempt=3, faults="1:raise@13,2:cuda_oom@18")
     assert p.returncode == 0, p.stderr[-3000:]
-    assert "(step 15, epoch 1, batch 3)" in p.stderr
+    assert first_steps(run_dir)[3] == 16, p.stderr  # resumed from step 15, not the inexact 18
     assert_same_weights(ref / "final_weights.pt", run_dir / "final_weights.pt")
 
 

@@ -1,4 +1,7 @@
-"""Bad input: exit 2, one clear line on stderr, no traceback, and no checkpoint touched."""
+"""Bad input: exit 2, one clear line on stderr, no traceback, and no checkpoint touched.
+
+Refused before any process starts, so the CLI runs in this process (typer's CliRunner); the
+tmpfs case keeps a real process (a mount and a real EROFS)."""
 
 from __future__ import annotations
 
@@ -9,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import mounted_tmpfs
+
+from tests.support import invoke_cli
 
 from .helpers import FAKE_JOB, run_cli
 
@@ -78,7 +83,7 @@ HINTS = {
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_bad_input_is_one_line_exit_2(case, tmp_path, guarded_run):
     before = _digest_tree(guarded_run)
-    r = run_cli(*CASES[case](tmp_path, guarded_run), cwd=tmp_path, timeout=60)
+    r = invoke_cli(*CASES[case](tmp_path, guarded_run), cwd=tmp_path)
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert r.returncode == 2, (case, r.returncode, r.stderr)
     assert len(lines) == 1, (case, r.stderr)

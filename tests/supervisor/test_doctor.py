@@ -6,6 +6,7 @@ import json
 
 from tests.conftest import JOBS, REPO
 from tests.supervisor.helpers import run_cli
+from tests.support import invoke_cli
 
 DOCTOR_JOB = str(JOBS / "doctor_job.py")
 WORD_LM = str(JOBS / "word_lm_job.py")
@@ -90,7 +91,7 @@ def test_word_language_model_forgotten_hidden_state_is_outside_the_shims_view(tm
 
 
 def test_bad_kill_at_is_a_one_line_usage_error(tmp_path):
-    r = run_cli("doctor", "--kill-at", "x", DOCTOR_JOB, "exact", cwd=tmp_path)
-    assert r.returncode == 2
+    r = invoke_cli("doctor", "--kill-at", "x", DOCTOR_JOB, "exact", cwd=tmp_path)  # refused before any run
+    assert r.returncode == 2, r.stderr
     assert r.stderr.strip() == ("resilient-run: error: --kill-at 'x' is not a list of positive steps; "
                                 "use e.g. --kill-at 17,41")

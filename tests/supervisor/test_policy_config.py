@@ -10,7 +10,9 @@ from supervisor.errors import ConfigError
 from supervisor.failure_policy import apply_rule, parse_policy
 from supervisor.smart_restarts import SmartRestarts
 
-from .helpers import FAKE_JOB, run_cli
+from tests.support import invoke_cli
+
+from .helpers import FAKE_JOB
 
 
 def _cfg(tmp_path, text: str, *args: str):
@@ -36,8 +38,8 @@ def test_bad_policy_is_one_line_error(tmp_path, text, message):
 def test_bad_policy_from_the_cli_exits_2_with_one_line(tmp_path):
     p = tmp_path / "job.yaml"
     p.write_text("policy:\n  cuda_om: {max_restarts: 1}\n")
-    r = run_cli("--run-dir", str(tmp_path / "run"), "--config", str(p), FAKE_JOB, timeout=60)
-    assert r.returncode == 2
+    r = invoke_cli("--run-dir", str(tmp_path / "run"), "--config", str(p), FAKE_JOB)
+    assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "unknown failure kind 'cuda_om' (did you mean 'cuda_oom'?)" in lines[0]
     assert not (tmp_path / "run").exists()

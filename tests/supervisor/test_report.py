@@ -19,7 +19,7 @@ def _t(s: str) -> float:
 
 
 @pytest.fixture(scope="module")
-def faulted_run(tmp_path_factory):
+def doctor_run(tmp_path_factory):
     """kill -9 at step 7 (newest checkpoint: 5), an exception at 11 (newest: 10), success at 12."""
     tmp = tmp_path_factory.mktemp("report")
     env = sup_env(**{ENV_DOCTOR: str(tmp / "digests.jsonl"), ENV_DOCTOR_FAULTS: "7:kill,11:raise",
@@ -31,8 +31,8 @@ def faulted_run(tmp_path_factory):
     return rd
 
 
-def test_figures_match_the_events(faulted_run):
-    r = run_cli("report", "--json", str(faulted_run))
+def test_figures_match_the_events(doctor_run):
+    r = run_cli("report", "--json", str(doctor_run))
     assert r.returncode == 0, r.stderr
     rep = json.loads(r.stdout)
     a1, a2, a3 = rep["attempts"]
@@ -43,9 +43,9 @@ def test_figures_match_the_events(faulted_run):
     assert [a["steps_redone"] for a in rep["attempts"]] == [2, 1, 0]  # 7 - 5, 11 - 10
     assert rep["lost_steps"] == 3
     assert rep["restarts_by_kind"] == {"signal": 1, "crash": 1}
-    started = {e["attempt"]: e for e in events(faulted_run, "attempt_started")}
-    ended = {e["attempt"]: e for e in events(faulted_run, "attempt_ended")}
-    first = {e["attempt"]: e for e in events(faulted_run, "first_step")}
+    started = {e["attempt"]: e for e in events(doctor_run, "attempt_started")}
+    ended = {e["attempt"]: e for e in events(doctor_run, "attempt_ended")}
+    first = {e["attempt"]: e for e in events(doctor_run, "first_step")}
     assert rep["wall_seconds"] == pytest.approx(_t(ended[3]["time"]) - _t(started[1]["time"]), abs=2e-3)
     for n, a in ((2, a2), (3, a3)):
         prev = ended[n - 1]
@@ -59,11 +59,11 @@ def test_figures_match_the_events(faulted_run):
     assert 0 < rep["goodput"] < 1 and rep["useful_seconds"] < rep["wall_seconds"]
 
 
-def test_time_spent_saving(faulted_run):
+def test_time_spent_saving(doctor_run):
     """save_every_steps=5, 8 batches an epoch: attempt 1 saves at 5 (killed at 7); attempt 2 at 8 (epoch
     end), 10, and 11 (the emergency save of the exception); attempt 3 its final save at 12."""
-    rep = json.loads(run_cli("report", "--json", str(faulted_run)).stdout)
-    saved = events(faulted_run, "checkpoint_saved")
+    rep = json.loads(run_cli("report", "--json", str(doctor_run)).stdout)
+    saved = events(doctor_run, "checkpoint_saved")
     expected = [(1, 5, "step"), (2, 8, "epoch"), (2, 10, "step"), (2, 11, "emergency"), (3, 12, "final")]
     assert [(e["attempt"], e["step"], e["kind"]) for e in saved] == expected
     assert [(c["attempt"], c["step"], c["kind"]) for c in rep["checkpoints"]] == expected  # the PNG's marks
@@ -76,9 +76,9 @@ def test_time_spent_saving(faulted_run):
     assert rep["saving_seconds"] == pytest.approx(sum(a["saving_seconds"] for a in rep["attempts"]), abs=2e-3)
 
 
-def test_text_and_png(faulted_run, tmp_path):
+def test_text_and_png(doctor_run, tmp_path):
     png = tmp_path / "timeline.png"
-    r = run_cli("report", str(faulted_run), "--png", str(png))
+    r = run_cli("report", str(doctor_run), "--png", str(png))
     assert r.returncode == 0, r.stderr
     assert "goodput" in r.stdout.splitlines()[-1] and "restarts: crash 1, signal 1" in r.stdout
     assert "saving" in r.stdout.splitlines()[0] and ", saving " in r.stdout.splitlines()[-1]
@@ -93,17 +93,17 @@ def test_text_and_png(faulted_run, tmp_path):
     green = ((img[..., 1] > 0.4) & (img[..., 0] < 0.3)).sum()
     assert red > 100 and green > 100  # failed attempts red, the successful one green
     navy = ((img[..., 2] > 0.4) & (img[..., 0] < 0.1) & (img[..., 1] < 0.1)).sum()
-    assert navy > 20 * len(json.loads(run_cli("report", "--json", str(faulted_run)).stdout)["checkpoints"])
+    assert navy > 20 * len(json.loads(run_cli("report", "--json", str(doctor_run)).stdout)["checkpoints"])
 
 
-def test_status_progress_and_metrics(faulted_run):
-    r = run_cli("status", "--json", str(faulted_run))
+def test_status_progress_and_metrics(doctor_run):
+    r = run_cli("status", "--json", str(doctor_run))
     st = json.loads(r.stdout)
     assert st["step"] == 12 and st["total_steps"] == 100 * 8  # run.epochs(100) x 8 batches
     assert st["steps_per_s"] > 0 and st["eta_s"] > 0
-    rep = json.loads(run_cli("report", "--json", str(faulted_run)).stdout)
+    rep = json.loads(run_cli("report", "--json", str(doctor_run)).stdout)
     assert st["goodput"] == rep["goodput"]
-    prom = (faulted_run / "metrics.prom").read_text()
+    prom = (doctor_run / "metrics.prom").read_text()
     # The textfile of the last write (after attempt 3 ended) carries both recoveries.
     assert f'resilient_run_lost_steps_total{{run="run"}} {rep["lost_steps"]}' in prom
     assert 'resilient_run_recovery_seconds_count{run="run"} 2' in prom

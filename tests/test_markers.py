@@ -1,0 +1,100 @@
+"""One marker, `long`, selects every long variant: `make test` = `-m "not long"`, `make test-faults` =
+`-m long`. Long variants were once skipped by five different mechanisms, and some were silently never
+run; these checks collect the suite the way the Makefile does (a real pytest in a subprocess) so that a
+variant can neither escape the marker nor drop out of both selections."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+from tests.save_modes import MODES
+
+# Parametrized by save mode: the variants `make test` runs. Every other variant of these tests is long;
+# a new save-mode-parametrized test must be declared here (see test_every_save_mode_matrix_is_declared).
+SHORT_VARIANTS = {
+    "tests/faults/test_chaos_kill.py::test_chaos_sigkill_of_the_trainer_is_bit_exact": {"sync-1"},
+    "tests/faults/test_memory_snapshots.py::test_chaos_kill9_with_async_saves_and_memory_snapshots_is_bit_exact":
+        {"async+memory-3"},
+    "tests/shim/test_resume_exact.py::test_sigkill_anywhere_resumes_bit_exact": {"sync-0-3-kills0", "sync-2-2-kills1"},
+    "tests/shim/test_resume_exact.py::test_sigkill_during_save_resumes_bit_exact": {"sync-0", "sync-2", "async-0"},
+    "tests/distributed/test_ddp.py::test_fast_saves_of_every_rank_survive_sigkill_bit_exact": {"async", "memory"},
+}
+# Single long tests outside a long module (each used to skip unless an environment variable was set).
+LONG_TESTS = {
+    "tests/distributed/test_ddp.py::test_a_full_primary_root_sends_every_ranks_save_to_the_fallback_dir",
+    "tests/faults/test_memory_snapshots.py::test_a_half_written_or_untrusted_slot_is_never_used[loose_mode]",
+}
+LONG_MODULES = re.compile(r"^tests/.*(_long|/test_soak)\.py::")
+
+
+def _collect(marker_expr: str) -> set[str]:
+    p = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                        "-m", marker_expr, "tests"], cwd=REPO, capture_output=True, text=True, timeout=240)
+    assert p.returncode in (0, 5), p.stdout[-3000:] + p.stderr[-3000:]  # 5: nothing selected
+    return {line.strip() for line in p.stdout.splitlines() if "::" in line}
+
+
+@pytest.fixture(scope="module")
+def selections() -> tuple[set[str], set[str]]:
+    """(ids of `-m long`, ids of `-m "not long"`), collected as the Makefile does."""
+    return _collect("long"), _collect("not long")
+
+
+def _split(nodeid: str) -> tuple[str, str]:
+    base, _, params = nodeid.partition("[")
+    return base, params.rstrip("]")
+
+
+def _should_be_long(nodeid: str) -> bool:
+    base, params = _split(nodeid)
+    if LONG_MODULES.match(nodeid) or nodeid in LONG_TESTS or "kills10" in params.split("-"):
+        return True
+    return base in SHORT_VARIANTS and params not in SHORT_VARIANTS[base]
+
+
+def test_long_and_short_selections_split_the_suite(selections):
+    long_ids, short_ids = selections
+    assert long_ids and short_ids
+    assert not long_ids & short_ids
+
+
+def test_every_long_variant_carries_the_marker(selections):
+    long_ids, short_ids = selections
+    escaped = sorted(i for i in short_ids if _should_be_long(i))
+    assert not escaped, f"long variants that `make test` would run (mark them pytest.mark.long): {escaped}"
+    unexpected = sorted(i for i in long_ids if not _should_be_long(i))
+    assert not unexpected, f"marked long but not declared long here (update this file): {unexpected}"
+
+
+def test_the_declared_short_variants_stay_in_make_test(selections):
+    _, short_ids = selections
+    declared = {f"{base}[{p}]" for base, ps in SHORT_VARIANTS.items() for p in ps}
+    assert declared <= short_ids, sorted(declared - short_ids)
+
+
+def test_every_long_module_and_seed_matrix_is_selected(selections):
+    long_ids, _ = selections
+    bases = {_split(i)[0] for i in long_ids}
+    assert {"tests/faults/test_soak.py::test_chaos_soak",
+            "tests/faults/test_learned_timeout_long.py::test_8s_saves_with_50ms_steps"} <= bases
+    assert any(i.startswith("tests/faults/test_doctor_long.py::") for i in long_ids)
+    for base in SHORT_VARIANTS:
+        assert any(_split(i)[0] == base for i in long_ids), f"{base}: no long variant selected"
+
+
+def test_every_save_mode_matrix_is_declared(selections):
+    long_ids, short_ids = selections
+    mode_tests = {_split(i)[0] for i in long_ids | short_ids if _split(i)[1].split("-")[0] in MODES}
+    assert mode_tests <= set(SHORT_VARIANTS), sorted(mode_tests - set(SHORT_VARIANTS))
+
+
+def test_no_other_mechanism_skips_long_variants():
+    files = [*REPO.joinpath("tests").rglob("*.py"), REPO / "Makefile", REPO / "pyproject.toml"]
+    old = [str(f.relative_to(REPO)) for f in files if f.name != "test_markers.py"
+           and re.search(r"RRTEST_LONG_FAULTS|mark\.slow|long_only", f.read_text())]
+    assert not old, old
