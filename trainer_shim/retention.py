@@ -11,19 +11,15 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 import threading
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
 from . import rotation, rundir
 from .rundir import CheckpointKind
+from .engine import say
 
 __all__ = ["Retention", "free_bytes"]
-
-
-def say(msg: str) -> None:
-    print(f"trainer_shim: {msg}", file=sys.stderr, flush=True)
 
 
 def free_bytes(root: Path) -> Optional[int]:

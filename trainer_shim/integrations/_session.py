@@ -22,6 +22,7 @@ from ..hooks import ProcessHooks, record_exception
 from ..retention import Retention
 from ..save_time import SaveTimer
 from ..rundir import Event, Manifest, Phase, RunEnv, StepMark
+from ..engine import say
 
 
 def product_env() -> RunEnv:
@@ -30,10 +31,6 @@ def product_env() -> RunEnv:
         return RunEnv.from_environ(os.environ)
     except rundir.EnvError as e:
         raise ConfigError(str(e)) from e
-
-
-def say(msg: str) -> None:
-    print(f"trainer_shim: {msg}", file=sys.stderr, flush=True)
 
 
 class Session:
