@@ -42,7 +42,8 @@ import xxhash  # noqa: E402
 from torch import nn  # noqa: E402
 
 import trainer_shim  # noqa: E402
-from trainer_shim import restoring, rundir, snapshot_store  # noqa: E402
+from trainer_shim._engine import restoring, snapshot_store  # noqa: E402
+from trainer_shim import rundir  # noqa: E402
 from trainer_shim.rundir import CheckpointKind, RunDir  # noqa: E402
 
 HIDDEN = 2048

@@ -37,7 +37,7 @@ from torch import nn  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import trainer_shim  # noqa: E402
-from trainer_shim import checkpoint as ckpt  # noqa: E402
+from trainer_shim._engine import checkpoint as ckpt  # noqa: E402
 from trainer_shim.rundir import CheckpointKind  # noqa: E402
 
 

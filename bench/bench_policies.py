@@ -25,7 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import trainer_shim  # noqa: E402
 from tests.shim.test_auto_interval import wasted  # noqa: E402
-from trainer_shim.save_interval import young_daly  # noqa: E402
+from trainer_shim._policies.save_interval import young_daly  # noqa: E402
 
 
 def per_step_ns(steps: int, tensor: bool, base: Path) -> float:

@@ -24,7 +24,7 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 import trainer_shim  # noqa: E402
-from trainer_shim import checkpoint as ckpt  # noqa: E402
+from trainer_shim._engine import checkpoint as ckpt  # noqa: E402
 from trainer_shim import rundir  # noqa: E402
 
 

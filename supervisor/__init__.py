@@ -1,31 +1,25 @@
 """resilient-run supervisor: a torch-free daemon that keeps a training job alive.
 
 It talks to the job only through the run directory, whose contract (paths, records, event names,
-env names, exit codes) is `trainer_shim.rundir`. One module per idea:
+env names, exit codes) is `trainer_shim.rundir`.
 
-the loop        agent        Supervisor: one loop, signal handlers that only queue, handle_<sig>
-                wakeup       self-pipe + signal queue the loop sleeps on
-                heartbeat    per-rank liveness from file events and a timer, on our own clock
-an attempt      procs        spawn in its own group (die-with-parent), tee the log, kill whole trees
-                attempts     Attempt (what runs) and AttemptResult (how it ended, assessed once)
-                launch       the torchrun argv; torchrun's per-rank ProcessFailure records
-                classify     exactly one Kind per ended attempt, with its evidence
-                cgroup       --memory-limit cgroups and the kernel's OOM-kill evidence
-after it        decide       one Verdict: smart_restarts (divergence, per-kind budgets) + policy (backoff,
-                             crash loops); failure_policy (per-kind argv/env changes), divergence
-                choice       the newest valid, never-poisoned checkpoint to resume from
-                snapshots    persist a memory snapshot newer than the disk before any choice
-                prestart     the next attempt's launcher (prestarted torchrun or warm interpreter)
-                learned_timeout  --heartbeat-timeout auto
-records         journal      the lock, events.jsonl and supervisor.json (retried when the disk is full),
-                             history left by earlier supervisors, a leftover trainer
-                metrics      the Prometheus textfile; progress: goodput/lost steps/ETA for it
-                notify       systemd sd_notify (READY, WATCHDOG, STATUS)
-the CLI         cli, cli_insight   typer: parse only; config (flags + YAML, one schema)
-                jobspec      what `run`'s job tokens and run dir mean, checked before anything starts
-                render       reports to text and rich tables (status, checkpoints, watch, doctor)
-                status, stopping, report, doctor, export   the logic the commands call (plain functions)
-                messages     `say`: the one-line stderr messages; errors: exceptions with exit codes
+Where things live (one room per idea; each room's __init__ maps its modules):
+
+    process/      process control: spawn, watch and stop the job's processes
+                    attempts, cgroup, heartbeat, launch, prestart, procs, snapshots, stopping,
+                    wakeup
+    decisions/    what an ended attempt means and what to do next
+                    choice, classify, decide, divergence, failure_policy, learned_timeout, policy,
+                    smart_restarts
+    insight/      what the run tells the world: records, status, reports, metrics
+                    doctor, export, journal, metrics, notify, progress, render, report, status
+    agent         Supervisor: one loop, signal handlers that only queue, handle_<sig>
+    cli           typer: parse and render only
+    cli_insight   the `doctor` and `report` commands
+    config        flags + YAML, one schema with every default
+    errors        exceptions, each carrying its exit code
+    jobspec       what `run`'s job tokens and run dir mean, checked before anything starts
+    messages      `say`: the one-line stderr messages
 """
 
 from __future__ import annotations
@@ -42,13 +36,13 @@ _PUBLIC = {
     # configuration
     "Config": ".config", "DEFAULTS": ".config", "build_config": ".config", "load_config_file": ".config",
     # how an attempt ended
-    "Kind": ".classify",
+    "Kind": ".decisions.classify",
     # what the commands compute
-    "StatusReport": ".status", "read_status": ".status", "open_run_dir": ".status",
-    "RunReport": ".report", "build_report": ".report", "stop_run": ".stopping",
+    "StatusReport": ".insight.status", "read_status": ".insight.status", "open_run_dir": ".insight.status",
+    "RunReport": ".insight.report", "build_report": ".insight.report", "stop_run": ".process.stopping",
     # errors (one root) and exit codes
     "SupervisorError": ".errors", "ConfigError": ".errors", "RunDirError": ".errors", "LockedError": ".errors",
-    "CgroupError": ".cgroup",
+    "CgroupError": ".process.cgroup",
     "EXIT_OK": ".errors", "EXIT_GAVE_UP": ".errors", "EXIT_USAGE": ".errors", "EXIT_LOCKED": ".errors",
     "EXIT_STOPPED": ".errors",
 }

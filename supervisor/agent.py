@@ -17,25 +17,25 @@ from typing import Any, Optional
 
 from trainer_shim.rundir import ContractError, Event, HeartbeatRecord, Phase, RunDir, RunState, SupervisorState, ensure_run_dir, now_iso
 
-from . import procs, snapshots
-from .attempts import Attempt, AttemptResult, assess, attempt_environ, clear_stale_heartbeats, next_log_number
-from .cgroup import KernelLog, MemoryCgroup
-from .choice import CheckpointChoice
-from .classify import Kind
+from .process import procs, snapshots
+from .process.attempts import Attempt, AttemptResult, assess, attempt_environ, clear_stale_heartbeats, next_log_number
+from .process.cgroup import KernelLog, MemoryCgroup
+from .decisions.choice import CheckpointChoice
+from .decisions.classify import Kind
 from .config import Config
-from .decide import decide
+from .decisions.decide import decide
 from .errors import EXIT_GAVE_UP, EXIT_OK, EXIT_STOPPED, RunDirError
 from .messages import say
-from .heartbeat import HeartbeatEvents, HeartbeatMonitor, allowance
-from .journal import History, Journal, acquire_lock, kill_leftover_trainer, recover_history, state_record
-from .learned_timeout import TimeoutLearner
-from .metrics import collect, write_textfile
-from .notify import Notifier
-from .policy import Action, RestartPolicy
-from .prestart import Prestarter
-from .progress import CostCache
-from .smart_restarts import SmartRestarts
-from .wakeup import Wakeup
+from .process.heartbeat import HeartbeatEvents, HeartbeatMonitor, allowance
+from .insight.journal import History, Journal, acquire_lock, kill_leftover_trainer, recover_history, state_record
+from .decisions.learned_timeout import TimeoutLearner
+from .insight.metrics import collect, write_textfile
+from .insight.notify import Notifier
+from .decisions.policy import Action, RestartPolicy
+from .process.prestart import Prestarter
+from .insight.progress import CostCache
+from .decisions.smart_restarts import SmartRestarts
+from .process.wakeup import Wakeup
 
 __all__ = ["State", "AttemptResult", "Supervisor", "say"]
 

@@ -9,13 +9,13 @@ from typing import List, Optional
 
 import typer
 
-from . import render
+from .insight import render
 from .config import DEFAULTS, Config, build_config, load_config_file
 from .errors import EXIT_GAVE_UP, EXIT_OK, EXIT_USAGE, SupervisorError
 from .jobspec import command_mode, resolve_job, run_dir_of
 from .messages import say
-from .status import list_checkpoints, open_run_dir, read_status, supervised_parts
-from .stopping import stop_run
+from .insight.status import list_checkpoints, open_run_dir, read_status, supervised_parts
+from .process.stopping import stop_run
 
 __all__ = ["app", "main", "resolve_job"]
 
@@ -143,7 +143,7 @@ def export_cmd(
     model_only: bool = typer.Option(False, "--model-only", help="Only the model's state dict."),
 ) -> None:
     """Verify a checkpoint's digests and write it as one file (a sharded DCP checkpoint is consolidated)."""
-    from .export import export_checkpoint
+    from .insight.export import export_checkpoint
 
     summary = export_checkpoint(ckpt_dir, out, fmt, model_only)
     say(f"exported {ckpt_dir} to {out}" + (f" ({summary})" if summary else ""))

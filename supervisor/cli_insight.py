@@ -8,11 +8,11 @@ from typing import List, Optional
 
 import typer
 
-from . import render
+from .insight import render
 from .errors import EXIT_USAGE, ConfigError
 from .jobspec import command_mode, resolve_job
 from .messages import say
-from .status import open_run_dir
+from .insight.status import open_run_dir
 
 __all__ = ["register"]
 
@@ -38,7 +38,7 @@ def doctor(
 ) -> None:
     """Prove the script resumes exactly: an uninterrupted and an interrupted run in scratch run dirs, compared step by step."""
     from . import cli
-    from .doctor import run_doctor
+    from .insight.doctor import run_doctor
 
     if steps <= 0:
         raise ConfigError(f"--steps must be positive, got {steps}")
@@ -57,7 +57,7 @@ def report(
     png: Optional[Path] = typer.Option(None, "--png", help="Also draw a timeline PNG (needs the [report] extra)."),
 ) -> None:
     """What the failures of a run cost: per attempt, recovery times, lost steps and goodput."""
-    from .report import build_report, render_png, render_text
+    from .insight.report import build_report, render_png, render_text
 
     rep = build_report(open_run_dir(run_dir))
     if png is not None and png.is_dir():

@@ -145,7 +145,7 @@ def _bool_field(key: str, value: Any) -> dict[str, Any]:
 
 
 def _policy_field(key: str, value: Any) -> dict[str, Any]:
-    from .failure_policy import parse_policy
+    from .decisions.failure_policy import parse_policy
 
     return {key: value if isinstance(value, tuple) else parse_policy(value)}
 
@@ -261,7 +261,7 @@ def load_config_file(path: Union[str, Path]) -> dict[str, Any]:
 def _adopt_torchrun(merged: dict[str, Any]) -> None:
     """A user's own torchrun command is supervised like ours: no restarts of its own, and the
     node's identity (for its files in a shared run dir) taken from its --nnodes/--node-rank."""
-    from .launch import torchrun_options
+    from .process.launch import torchrun_options
 
     tr = torchrun_options(merged["command"])
     if tr is None:
@@ -289,7 +289,7 @@ def build_config(file_values: dict[str, Any], cli_values: dict[str, Any]) -> Con
     if script:
         # SCRIPT.py runs under the supervisor's own Python, so the venv that has the shim is used.
         if merged.get("nproc_per_node"):
-            from .launch import torchrun_command
+            from .process.launch import torchrun_command
 
             rdzv_id = Path(merged["run_dir"]).name if merged.get("run_dir") else Path(script).stem
             merged["command"] = torchrun_command(
@@ -306,7 +306,7 @@ def build_config(file_values: dict[str, Any], cli_values: dict[str, Any]) -> Con
     elif not command:
         raise ConfigError("no job given: pass SCRIPT.py, or `-- COMMAND ...`, or set script/command in the config")
     if merged.get("policy"):
-        from .failure_policy import check_templates
+        from .decisions.failure_policy import check_templates
 
         check_templates(merged["policy"], merged["command"])
         if merged.get("strict_resume") and any(r.args for r in merged["policy"]):

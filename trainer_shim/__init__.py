@@ -1,27 +1,27 @@
 """trainer_shim: heartbeats, atomic verified checkpoints and bit-exact resume for a training script.
 
 `import trainer_shim` stays torch-free (the supervisor imports `trainer_shim.rundir`); the
-torch-using API is loaded on first use of `init`, `load` or `Run`. One module per idea:
+torch-using API is loaded on first use of `init`, `load` or `Run`.
 
-contract        rundir/      the run-dir contract both sides import (torch-free): layout, env, records,
-                             events, manifest, selection of the newest valid checkpoint, step marks
-the API         run          `init()` -> Run: a facade over the modules below; options (init's keywords)
-                engine       the collaborators saving/restoring/async saves share (Engine, Reporter, say)
-                hooks        signals (stop flag, stack dumps, fork tie) + excepthook, install/uninstall
-                heartbeat    the heartbeat file, written by a background thread
-                cursor, data the data cursor: epochs/batches, mid-epoch resume by index; rng: every RNG
-saving          saving       ONE commit protocol for 1..N ranks (decide -> write -> manifest -> rename)
-                checkpoint   member I/O: hashed, fsynced writes; safe weights_only reads
-                retention    index upkeep, rotation (policy in rotation), background deletion
-                async_save, memory_snapshot, snapshot_store   async saves and /dev/shm snapshots
-                save_interval  save_every_seconds="auto" (Young/Daly)
-restoring       restoring    ONE restore loop for 1..N ranks, with fallback on rejection; loading: load()
-                provenance   git/args of a checkpoint and --strict-resume; resume_prompt: resume="ask"
-                distributed  Solo (a world of one) and Dist: the same collectives; sharded: DCP (FSDP2)
-insight         probe        doctor-mode digests, the "state changed after run.step()" warning
-                divergence   on_nonfinite: a NaN loss ends the attempt before it is saved
-launchers       standby, warm   a prestarted torchrun / a warm interpreter for the next attempt
-frameworks      integrations/   HF Trainer and Lightning callbacks on the same machinery
+Where things live (one room per idea; each room's __init__ maps its modules);
+rooms named `_x` are internal: a script relies only on `__all__`:
+
+    integrations/  HF Trainer and Lightning callbacks over the same engine
+    rundir/        the run-dir contract both sides import (torch-free): paths, env, records, events
+    _loop/         the API a training loop calls: init() -> Run, its options, data and RNG resume
+                     cursor, data, options, resume_prompt, rng, run
+    _engine/       the checkpoint engine: commit, save, restore, retention, memory snapshots
+                     async_save, checkpoint, engine, loading, memory_snapshot, raw_tensors,
+                     restoring, retention, rotation, saving, sharded, snapshot_store
+    _process/      the process around the loop: heartbeats, signals, hooks, collectives
+                     distributed, heartbeat, hooks, signals
+    _policies/     judgements on a running job: divergence, provenance, when to save
+                     divergence, provenance, save_interval, save_time
+    _insight/      looking inside: doctor-mode probes, checkpoint export
+                     export, probe
+    _launch/       launchers the supervisor prestarts: a waiting torchrun, a warm interpreter
+                     standby, warm
+    errors         ShimError and its families: every exception a user may catch
 """
 
 from __future__ import annotations
@@ -35,10 +35,10 @@ from .errors import CheckpointError, ConfigError, ShimError
 __all__ = ["init", "load", "Run", "LoadResult", "ShimError", "CheckpointError", "ConfigError", "rundir"]
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .loading import LoadResult
-    from .run import Run, init, load
+    from ._engine.loading import LoadResult
+    from ._loop.run import Run, init, load
 
-_LAZY = {"init": "run", "load": "run", "Run": "run", "LoadResult": "loading"}
+_LAZY = {"init": "_loop.run", "load": "_loop.run", "Run": "_loop.run", "LoadResult": "_engine.loading"}
 
 
 def __getattr__(name: str) -> Any:

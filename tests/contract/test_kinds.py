@@ -24,8 +24,8 @@ def test_every_kind_is_in_the_readme_table_and_nothing_else() -> None:
 
 
 def test_the_supervisor_uses_the_contract_kind() -> None:
-    from supervisor.classify import Kind as ClassifyKind
-    from supervisor.failure_policy import POLICY_KINDS
+    from supervisor.decisions.classify import Kind as ClassifyKind
+    from supervisor.decisions.failure_policy import POLICY_KINDS
 
     assert ClassifyKind is Kind
     assert set(POLICY_KINDS) == {k.value for k in Kind} - {Kind.SUCCESS.value}

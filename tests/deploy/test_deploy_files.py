@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from supervisor.config import DEFAULTS, Config, build_config, load_config_file
 from supervisor.errors import EXIT_STOPPED, EXIT_USAGE
-from supervisor.metrics import FAILURE_KINDS, MetricsSnapshot, render
+from supervisor.insight.metrics import FAILURE_KINDS, MetricsSnapshot, render
 from tests.conftest import REPO
 
 DEPLOY = REPO / "deploy"

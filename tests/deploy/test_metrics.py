@@ -8,7 +8,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from supervisor.metrics import FAILURE_KINDS, MetricsSnapshot, disk_free_bytes, render, textfile_name, write_textfile
+from supervisor.insight.metrics import FAILURE_KINDS, MetricsSnapshot, disk_free_bytes, render, textfile_name, write_textfile
 from trainer_shim.rundir import ensure_run_dir
 
 FULL = MetricsSnapshot(

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.notify import Notifier, child_environ
+from supervisor.insight.notify import Notifier, child_environ
 from tests.conftest import REPO
 
 
@@ -102,7 +102,7 @@ def test_disabled_when_unset():
 def test_send_failure_warns_once_and_never_raises(tmp_path: Path):
     # A real process, so we read its real stderr: the socket path does not exist.
     code = (
-        "from supervisor.notify import Notifier\n"
+        "from supervisor.insight.notify import Notifier\n"
         f"n = Notifier.from_env({{'NOTIFY_SOCKET': {str(tmp_path / 'missing.sock')!r}}})\n"
         "n.ready('a'); n.status('b'); n.watchdog(); n.stopping()\n"
         "print('survived')\n"

@@ -16,7 +16,7 @@ import pytest
 
 from supervisor.config import build_config
 from supervisor.errors import ConfigError
-from supervisor.launch import ProcessFailure, parse_torchrun_failure, torchrun_command
+from supervisor.process.launch import ProcessFailure, parse_torchrun_failure, torchrun_command
 from tests.conftest import mounted_tmpfs
 from tests.save_modes import modes, save_mode  # noqa: F401  (fixture)
 from tests.distributed.common import DDP_JOB, FAST, recovered_run
@@ -79,7 +79,7 @@ def test_sigkill_of_either_rank_over_attempts_is_bit_exact(reference: Path, tmp_
     # and the one prestarted for a fifth attempt that never came left with the supervisor.
     assert [e["prestarted"] for e in events(rd, "attempt_started")] == [False, True, True, True]
     assert sorted(f.name for f in (rd / "logs").glob("attempt-*.log")) == [f"attempt-000{n}.log" for n in (1, 2, 3, 4)]
-    assert not [q for q in psutil.process_iter(["cmdline"]) if "trainer_shim.standby" in (q.info["cmdline"] or [])
+    assert not [q for q in psutil.process_iter(["cmdline"]) if "trainer_shim._launch.standby" in (q.info["cmdline"] or [])
                 and str(out) in " ".join(q.info["cmdline"])]
 
 

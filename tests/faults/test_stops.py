@@ -8,8 +8,8 @@ import time
 
 import psutil
 
-from supervisor import render
-from supervisor.status import open_run_dir, read_status
+from supervisor.insight import render
+from supervisor.insight.status import open_run_dir, read_status
 from tests.supervisor.helpers import (
     ended_kinds, events, heartbeat, kill_group, run_cli, start_cli, supervisor_state, wait_until,
 )

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 import trainer_shim
-from trainer_shim import checkpoint as ckpt
-from trainer_shim import rundir, snapshot_store
+from trainer_shim._engine import checkpoint as ckpt
+from trainer_shim import rundir
+from trainer_shim._engine import snapshot_store
 from tests.conftest import JOBS, PYTHON, child_env
 from tests.save_modes import PLAIN, shm_segments
 

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from trainer_shim.save_interval import (
+from trainer_shim._policies.save_interval import (
     MAX_INTERVAL_S, MIN_INTERVAL_S, AutoInterval, mtbf_from_events, young_daly,
 )
 

@@ -9,7 +9,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from trainer_shim import data, rundir
+from trainer_shim._loop import data
+from trainer_shim import rundir
 
 from tests.support import first_steps
 

@@ -8,7 +8,7 @@ import inspect
 import pytest
 
 import trainer_shim
-from trainer_shim.options import Options
+from trainer_shim._loop.options import Options
 
 
 def test_init_signature_lists_every_option_with_its_default() -> None:

@@ -7,7 +7,7 @@ import subprocess
 from tests.conftest import JOBS, PYTHON
 from tests.supervisor.helpers import events, run_cli, sup_env
 from trainer_shim import rundir
-from trainer_shim.provenance import args_hash
+from trainer_shim._policies.provenance import args_hash
 
 JOB = str(JOBS / "diverge_job.py")
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer_shim import raw_tensors as raw
+from trainer_shim._engine import raw_tensors as raw
 from trainer_shim import rundir
 from trainer_shim.errors import CheckpointError
 

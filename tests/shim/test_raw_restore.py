@@ -13,8 +13,9 @@ import torch
 
 from tests.conftest import JOBS, PYTHON, child_env
 from tests.save_modes import PLAIN, shm_segments
-from trainer_shim import checkpoint as ckpt
-from trainer_shim import rundir, snapshot_store
+from trainer_shim._engine import checkpoint as ckpt
+from trainer_shim import rundir
+from trainer_shim._engine import snapshot_store
 
 from .helpers import events
 

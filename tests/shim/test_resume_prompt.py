@@ -10,7 +10,7 @@ import time
 
 from tests.conftest import JOBS, PYTHON
 from tests.supervisor.helpers import sup_env
-from trainer_shim.resume_prompt import should_prompt
+from trainer_shim._loop.resume_prompt import should_prompt
 
 JOB = str(JOBS / "diverge_job.py")
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import torch
 
 from tests.conftest import PYTHON, REPO, child_env
-from trainer_shim import rng, rundir
+from trainer_shim._loop import rng
+from trainer_shim import rundir
 
 JOB = textwrap.dedent("""
     import os, sys, torch

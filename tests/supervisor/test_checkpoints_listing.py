@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from supervisor.render import fmt_ago
+from supervisor.insight.render import fmt_ago
 from tests.conftest import JOBS
 
 from .helpers import run_cli, sup_env

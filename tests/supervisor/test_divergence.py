@@ -7,8 +7,8 @@ from pathlib import Path
 
 import torch
 
-from supervisor.classify import AttemptFacts, Kind, classify
-from supervisor.divergence import DivergenceTracker
+from supervisor.decisions.classify import AttemptFacts, Kind, classify
+from supervisor.decisions.divergence import DivergenceTracker
 from tests.conftest import JOBS, PYTHON
 from trainer_shim.rundir import EXIT_DIVERGED, ErrorRecord
 

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from supervisor.learned_timeout import FACTOR, TimeoutLearner, p99
+from supervisor.decisions.learned_timeout import FACTOR, TimeoutLearner, p99
 from tests.conftest import JOBS, PYTHON
 from trainer_shim.rundir import RunDir
 

@@ -11,8 +11,8 @@ import time
 import psutil
 import pytest
 
-from supervisor import render
-from supervisor.status import open_run_dir, read_status
+from supervisor.insight import render
+from supervisor.insight.status import open_run_dir, read_status
 
 from .helpers import (
     FAKE_JOB, alive, attempt_pids, ended_kinds, events, heartbeat, kill_group, run_cli, start_cli, sup_env,

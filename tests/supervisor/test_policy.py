@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from supervisor.classify import AttemptFacts, Kind, classify
-from supervisor.launch import ProcessFailure
-from supervisor.launch import RendezvousFailure, parse_rendezvous_failure
-from supervisor.policy import Action, RestartPolicy
+from supervisor.decisions.classify import AttemptFacts, Kind, classify
+from supervisor.process.launch import ProcessFailure
+from supervisor.process.launch import RendezvousFailure, parse_rendezvous_failure
+from supervisor.decisions.policy import Action, RestartPolicy
 
 CKPT = "/run/checkpoints/step-00000008"
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.classify import Kind
+from supervisor.decisions.classify import Kind
 from supervisor.config import build_config, load_config_file
 from supervisor.errors import ConfigError
-from supervisor.failure_policy import apply_rule, parse_policy
-from supervisor.smart_restarts import SmartRestarts
+from supervisor.decisions.failure_policy import apply_rule, parse_policy
+from supervisor.decisions.smart_restarts import SmartRestarts
 
 from tests.support import invoke_cli
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from supervisor import render
-from supervisor.status import open_run_dir, read_status
+from supervisor.insight import render
+from supervisor.insight.status import open_run_dir, read_status
 from tests.conftest import JOBS
 
 from .helpers import FAKE_JOB, events, heartbeat, kill_group, run_cli, start_cli, sup_env, wait_until

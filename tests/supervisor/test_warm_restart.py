@@ -1,5 +1,5 @@
 """Warm restart of a single-process SCRIPT.py job: the next attempt runs in an interpreter that
-imported torch while the attempt before it trained (trainer_shim.warm), and looks exactly like a
+imported torch while the attempt before it trained (trainer_shim._launch.warm), and looks exactly like a
 cold start to the classifier and to the weights."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def _run(tmp_path, name: str, *extra: str) -> tuple:
 def _no_standby_left(marker: str) -> None:
     for p in psutil.process_iter(["cmdline"]):
         cmd = p.info["cmdline"] or []
-        assert not ("trainer_shim.warm" in cmd and any(marker in c for c in cmd)), cmd
+        assert not ("trainer_shim._launch.warm" in cmd and any(marker in c for c in cmd)), cmd
 
 
 def test_warm_restart_matches_cold_and_is_bit_exact(tmp_path):

@@ -1,5 +1,5 @@
 """Doctor mode for the framework callbacks: the native shim's per-step digest records, injected
-faults and last step (`trainer_shim.probe.DoctorLog`), fed from the framework's own objects.
+faults and last step (`trainer_shim._insight.probe.DoctorLog`), fed from the framework's own objects.
 
 A framework restores its model, optimizer, scheduler and RNGs itself; the digests after each
 optimizer step show whether it did so exactly. Inert (None) outside doctor mode.
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ..probe import DoctorLog, digest, state_digests
+from .._insight.probe import DoctorLog, digest, state_digests
 
 __all__ = ["FrameworkDoctor"]
 

@@ -17,12 +17,12 @@ from typing import Any, Iterable, Optional
 
 from .. import rundir
 from ..errors import ConfigError
-from ..heartbeat import Heartbeat
-from ..hooks import ProcessHooks, record_exception
-from ..retention import Retention
-from ..save_time import SaveTimer
+from .._process.heartbeat import Heartbeat
+from .._process.hooks import ProcessHooks, record_exception
+from .._engine.retention import Retention
+from .._policies.save_time import SaveTimer
 from ..rundir import Event, Manifest, Phase, RunEnv, StepMark
-from ..engine import say
+from .._engine.engine import say
 
 
 def product_env() -> RunEnv:

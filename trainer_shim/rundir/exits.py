@@ -40,5 +40,5 @@ EXIT_EXACT = 0            # the interrupted run matched the uninterrupted one bi
 EXIT_NOT_EXACT = 1
 EXIT_DOCTOR_FAILED = 3    # a run could not be completed, so nothing was compared
 
-# --- `python -m trainer_shim.export` (run by `resilient-run export`) ----------------------------
+# --- `python -m trainer_shim._insight.export` (run by `resilient-run export`) ----------------------------
 EXIT_BAD_INPUT = 2        # not a valid checkpoint, bad format, unwritable output

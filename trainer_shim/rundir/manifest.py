@@ -80,7 +80,7 @@ class Manifest:
     # Model and optimizer live in a torch.distributed.checkpoint (DCP) set inside the dir
     # (`.metadata` + `__<rank>_<n>.distcp`) instead of model.pt/optimizer.pt; reshardable.
     sharded: bool = False
-    args_hash: Optional[str] = None   # trainer_shim.provenance.args_hash of the writing process
+    args_hash: Optional[str] = None   # trainer_shim._policies.provenance.args_hash of the writing process
     format: int = FORMAT_VERSION
 
     @classmethod

@@ -221,7 +221,7 @@ class ErrorRecord:
 
 @dataclasses.dataclass(frozen=True)
 class StandbyMessage:
-    """The one stdin line the supervisor sends a prestarted launcher (trainer_shim.standby)."""
+    """The one stdin line the supervisor sends a prestarted launcher (trainer_shim._launch.standby)."""
 
     env: dict[str, str]
 

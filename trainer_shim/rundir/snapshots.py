@@ -41,7 +41,7 @@ SHM_DIR = Path("/dev/shm")
 SNAPSHOT_PREFIX = "resilient-run-"
 SNAPSHOT_SLOTS = 2                 # at most two snapshot slots per run dir (node)
 TENSORS_SUFFIX = ".tensors"        # the member holding the raw tensor bytes of `<member>`
-TABLE_SUFFIX = ".table"            # the member describing them (trainer_shim.raw_tensors)
+TABLE_SUFFIX = ".table"            # the member describing them (trainer_shim._engine.raw_tensors)
 TENSOR_REF = "\x00rr-tensor:"      # skeleton leaf standing for tensors[i] (NUL: never user text)
 
 

@@ -1,0 +1,12 @@
+"""What the run tells the world: records, status, reports, metrics.
+
+    doctor    `doctor`: run a job twice and compare
+    export    `export`: verify a checkpoint here, convert it in a child
+    journal   the lock, events.jsonl, supervisor.json, history of earlier supervisors
+    metrics   the Prometheus textfile
+    notify    systemd sd_notify (READY, WATCHDOG, STATUS)
+    progress  goodput, lost steps, ETA
+    render    reports to text and rich tables
+    report    what the failures of a run cost, from events.jsonl
+    status    status report and checkpoint listing (read-only)
+"""

@@ -1,0 +1,224 @@
+"""`resilient-run report`: what the failures of a run cost, computed from its events.jsonl.
+
+Definitions (README "report"): an attempt's useful time is its training time (first step -> the
+failure, else its end, minus its time spent saving) scaled to the steps that were not redone by
+the next attempt; goodput = useful time / wall time (first attempt start -> last attempt end).
+Lost steps = steps redone after restarts. Time spent saving = the training stall of saves, from
+the shim's checkpoint_saved events.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+from collections import Counter
+from typing import Optional
+
+from trainer_shim.rundir import (Event, RunDir, parse_checkpoint_name,
+                                 read_events, read_index)
+
+from ..decisions.classify import Kind
+
+__all__ = ["AttemptCost", "RunReport", "build_report", "render_text", "render_png"]
+
+
+def _t(s: Optional[str]) -> Optional[float]:
+    return _dt.datetime.fromisoformat(s).timestamp() if s else None
+
+
+def _step_of(path: Optional[str]) -> int:
+    """The step a resume_from path names (0: a fresh start or a name we cannot parse)."""
+    if not path:
+        return 0
+    return parse_checkpoint_name(path.rstrip("/").rsplit("/", 1)[-1]) or 0
+
+
+@dataclasses.dataclass
+class AttemptCost:
+    attempt: int
+    start: str
+    end: Optional[str]
+    kind: Optional[str]
+    evidence: Optional[str]
+    resumed_from_step: int
+    last_step: Optional[int]
+    steps_redone: int
+    # Recovery from the failure that ended the previous attempt (None for the first one), seconds;
+    # detect + stop + spawn + restore + first step = total.
+    recover_detect: Optional[float] = None        # failure -> the supervisor saw it (a hang: its timeout)
+    recover_stop: Optional[float] = None          # saw it -> every process of the attempt gone
+    recover_spawn: Optional[float] = None         # previous attempt ended -> this one started
+    recover_restore: Optional[float] = None       # started -> restore done (the shim's first_step event)
+    recover_first_step: Optional[float] = None    # restore done -> first step
+    recover_total: Optional[float] = None         # failure (else the previous end) -> first step
+    saving_seconds: Optional[float] = None        # training stalled by saves (None: no checkpoint_saved events)
+    saves: int = 0                                # saves that returned to training (checkpoint_saved events)
+
+
+@dataclasses.dataclass
+class RunReport:
+    attempts: list[AttemptCost]
+    wall_seconds: float
+    useful_seconds: float
+    goodput: Optional[float]
+    lost_steps: int
+    restarts_by_kind: dict[str, int]
+    checkpoints: list[dict] = dataclasses.field(default_factory=list)   # {step, time, kind[, attempt]}
+    saving_seconds: Optional[float] = None        # the attempts' time spent saving, summed
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _by_attempt(events: list[dict]) -> dict[int, dict]:
+    attempts: dict[int, dict] = {}
+    for ev in events:
+        n = ev.get("attempt")
+        if not isinstance(n, int):
+            continue
+        a = attempts.setdefault(n, {"saves": []})
+        name = ev.get("event")
+        if name == Event.ATTEMPT_STARTED:
+            a["started"] = ev
+        elif name == Event.ATTEMPT_ENDED:
+            a["ended"] = ev
+        elif name == Event.FIRST_STEP and "first" not in a:
+            a["first"] = ev
+        elif name == Event.CHECKPOINT_SAVED:
+            a["saves"].append(ev)
+    return {n: a for n, a in attempts.items() if "started" in a}
+
+
+def _recovery(c: AttemptCost, prev: Optional[dict], t_start: float, fs: Optional[dict]) -> None:
+    """The recovery of attempt `c` from `prev`, the previous attempt's attempt_ended event."""
+    if prev is None:
+        return
+    prev_end = _t(prev["time"])
+    failed, detected = _t(prev.get("failure_time")), _t(prev.get("detected_time"))
+    t_first = _t(fs["time"]) if fs else None
+    t_restored = _t(fs.get("restored_time")) if fs else None
+    if failed is not None and detected is not None:
+        c.recover_detect = round(detected - failed, 3)
+        c.recover_stop = round(prev_end - detected, 3)
+    c.recover_spawn = round(t_start - prev_end, 3)
+    if t_restored is not None:
+        c.recover_restore = round(t_restored - t_start, 3)
+        if t_first is not None:
+            c.recover_first_step = round(t_first - t_restored, 3)
+    if t_first is not None:
+        c.recover_total = round(t_first - (failed if failed is not None else prev_end), 3)
+
+
+def build_report(rd: RunDir) -> RunReport:
+    attempts = _by_attempt(read_events(rd))
+    out: list[AttemptCost] = []
+    useful, lost = 0.0, 0
+    prev: Optional[dict] = None
+    for n in sorted(attempts):
+        a = attempts[n]
+        st, en, fs = a["started"], a.get("ended"), a.get("first")
+        resumed = _step_of(st.get("resume_from"))
+        last = en.get("step") if en else None
+        nxt = attempts.get(n + 1, {}).get("started")
+        redone = max(0, last - _step_of(nxt.get("resume_from"))) if (nxt and last is not None) else 0
+        lost += redone
+        c = AttemptCost(attempt=n, start=st["time"], end=en["time"] if en else None,
+                        kind=en.get("kind") if en else None, evidence=en.get("evidence") if en else None,
+                        resumed_from_step=resumed, last_step=last, steps_redone=redone)
+        _recovery(c, prev, _t(st["time"]), fs)
+        totals = [ev["saving_seconds"] for ev in a["saves"] if isinstance(ev.get("saving_seconds"), (int, float))]
+        c.saving_seconds, c.saves = (round(max(totals), 3) if totals else None), len(a["saves"])
+        useful += _useful(c, en, fs)
+        prev = en
+        out.append(c)
+    starts = [_t(a["started"]["time"]) for a in attempts.values()]
+    ends = [_t(a["ended"]["time"]) for a in attempts.values() if "ended" in a]
+    wall = (max(ends) - min(starts)) if starts and ends else 0.0
+    kinds = Counter(c.kind for c in out[:-1] if c.kind and c.kind != Kind.SUCCESS.value)
+    saving = [c.saving_seconds for c in out if c.saving_seconds is not None]
+    return RunReport(attempts=out, wall_seconds=round(wall, 3), useful_seconds=round(useful, 3),
+                     goodput=round(useful / wall, 4) if wall > 0 else None, lost_steps=lost,
+                     restarts_by_kind=dict(kinds), checkpoints=_checkpoints(rd, attempts),
+                     saving_seconds=round(sum(saving), 3) if saving else None)
+
+
+def _useful(c: AttemptCost, en: Optional[dict], fs: Optional[dict]) -> float:
+    """Training time of this attempt's steps that were not redone (steps assumed evenly paced): its
+    first step -> its failure (else its end), minus its time spent saving."""
+    last, resumed = c.last_step, c.resumed_from_step
+    if not (en and fs) or last is None or last <= resumed:
+        return 0.0
+    t_stop = _t(en.get("failure_time")) or _t(en["time"])
+    train = max(0.0, t_stop - _t(fs["time"]) - (c.saving_seconds or 0.0))
+    return train * max(0, last - c.steps_redone - resumed) / (last - resumed)
+
+
+def _checkpoints(rd: RunDir, attempts: dict[int, dict]) -> list[dict]:
+    """Every save the shim reported (checkpoint_saved events), else the checkpoints the index lists
+    (older shims, framework integrations; rotation removed the old ones), oldest first."""
+    saved = [{"step": ev.get("step"), "time": ev["time"], "kind": ev.get("kind"), "attempt": n}
+             for n, a in sorted(attempts.items()) for ev in a["saves"] if isinstance(ev.get("step"), int)]
+    if saved:
+        return saved
+    out = []
+    for entry in read_index(rd).values():
+        if isinstance(entry, dict) and isinstance(entry.get("global_step"), int) and entry.get("timestamp"):
+            out.append({"step": entry["global_step"], "time": entry["timestamp"], "kind": entry.get("kind")})
+    return sorted(out, key=lambda c: c["step"])
+
+
+def render_text(rep: RunReport) -> str:
+    def f(x: Optional[float]) -> str:
+        return "-" if x is None else f"{x:.2f}s"
+
+    head = "recover = detect/stop/spawn/restore/first step"
+    lines = [f"{'#':>3} {'kind':<12} {'resumed':>7} {'last':>6} {'redone':>6} {'saving':>7}  {head:<52} evidence"]
+    for c in rep.attempts:
+        parts = (c.recover_detect, c.recover_stop, c.recover_spawn, c.recover_restore, c.recover_first_step)
+        rec = "-" if c.recover_total is None else f"{f(c.recover_total)} = " + "/".join(f(x) for x in parts)
+        lines.append(f"{c.attempt:>3} {c.kind or 'running':<12} {c.resumed_from_step:>7} "
+                     f"{'-' if c.last_step is None else c.last_step:>6} {c.steps_redone:>6} "
+                     f"{f(c.saving_seconds):>7}  {rec:<52} "
+                     f"{(c.evidence or '')[:60]}")
+    gp = "-" if rep.goodput is None else f"{rep.goodput:.1%}"
+    kinds = ", ".join(f"{k} {v}" for k, v in sorted(rep.restarts_by_kind.items())) or "none"
+    saving = "-" if rep.saving_seconds is None else f"{rep.saving_seconds:.1f}s"
+    lines.append(f"wall {rep.wall_seconds:.1f}s, useful {rep.useful_seconds:.1f}s, goodput {gp}, "
+                 f"saving {saving}, lost steps {rep.lost_steps}, restarts: {kinds}")
+    return "\n".join(lines)
+
+
+def render_png(rep: RunReport, path: str, width_px: int = 1200, height_px: int = 400) -> None:
+    """Timeline: attempts as bars coloured by outcome, failures (x) and checkpoints (|) marked;
+    ImportError without matplotlib."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colours = {Kind.SUCCESS.value: "tab:green", None: "tab:blue"}
+    t0 = min((_t(c.start) for c in rep.attempts), default=0.0)
+    fig = plt.figure(figsize=(width_px / 100, height_px / 100), dpi=100)
+    ax = fig.add_subplot(1, 1, 1)
+    for c in rep.attempts:
+        s = _t(c.start) - t0
+        e = (_t(c.end) - t0) if c.end else s
+        ax.barh(c.attempt, max(e - s, 0.01), left=s, color=colours.get(c.kind, "tab:red"))
+        if c.kind not in (Kind.SUCCESS.value, None):
+            ax.plot([e], [c.attempt], marker="x", color="black", markersize=10)
+    for ck in rep.checkpoints:
+        at = _t(ck["time"]) - t0
+        row = ck.get("attempt") or next(
+            (c.attempt for c in rep.attempts if _t(c.start) - t0 <= at <= ((_t(c.end) - t0) if c.end else at)), None)
+        if row is not None:  # a checkpoint committed by an attempt, on that attempt's bar
+            ax.plot([at], [row + 0.45], marker="v", color="navy", markersize=7)
+    gp = "-" if rep.goodput is None else f"{rep.goodput:.1%}"
+    restarts = sum(rep.restarts_by_kind.values())
+    ax.set_title(f"goodput {gp}, lost steps {rep.lost_steps}, {restarts} restart(s)")
+    ax.set_xlabel("seconds since the first attempt")
+    ax.set_yticks([c.attempt for c in rep.attempts], [f"{c.attempt} {c.kind or 'running'}" for c in rep.attempts])
+    ax.plot([], [], "x", color="black", label="failure")
+    ax.plot([], [], "v", color="navy", label="checkpoint")
+    ax.legend(loc="upper left", fontsize="small")
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

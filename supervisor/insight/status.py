@@ -1,0 +1,258 @@
+"""What a run dir says about its job: status report and checkpoint listing (read-only, no torch)."""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from trainer_shim.rundir import (
+    ContractError, Event, HeartbeatRecord, InvalidCheckpoint, RunDir, RunState, SupervisorState, checkpoint_roots,
+    commit_age, inspect_checkpoint, iter_checkpoint_dirs, newest_valid, read_events, read_heartbeat_record, read_index,
+)
+
+from ..process import procs
+from ..decisions.classify import Kind
+from ..config import DEFAULTS, Config
+from ..errors import RunDirError
+from ..process.heartbeat import allowance
+from .progress import Progress, progress_of
+
+__all__ = ["StatusReport", "read_status", "supervisor_state", "CheckpointRow", "list_checkpoints", "open_run_dir", "lock_holder",
+           "supervised_parts"]
+
+FINAL_STATES = tuple(s.value for s in RunState if s.final)
+
+
+def open_run_dir(path: str | Path) -> RunDir:
+    """The RunDir at `path`, or RunDirError (exit 2) naming the problem."""
+    rd = RunDir(Path(path))
+    if not rd.root.exists():
+        raise RunDirError(f"{rd.root} does not exist; pass the run dir of a job (e.g. runs/train)")
+    if not rd.root.is_dir():
+        raise RunDirError(f"{rd.root} is not a directory; pass the run dir of a job (e.g. runs/train)")
+    if not rd.is_run_dir():
+        raise RunDirError(f"{rd.root} is not a run dir (no supervisor.json, events.jsonl or checkpoints/)")
+    return rd
+
+
+def supervised_parts(rd: RunDir) -> list[RunDir]:
+    """One RunDir per supervisor of the run: the run dir itself, or each node's of a multi-node job."""
+    nodes = rd.node_numbers() if rd.node is None and not rd.supervisor_state.exists() else []
+    return [rd.for_node(n) for n in nodes] or [rd]
+
+
+def lock_holder(rd: RunDir) -> Optional[int]:
+    """The pid holding supervisor.lock, or None when no live supervisor holds it."""
+    try:
+        fd = os.open(rd.lock, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raw = os.read(fd, 64).decode(errors="replace").strip()
+            return int(raw) if raw.isdigit() else -1
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
+def recorded_config(state: Optional[SupervisorState]) -> Config:
+    """The configuration the live supervisor recorded (its numbers only), else the defaults."""
+    cfg = state.config if state is not None else {}
+    known = {f.name for f in dataclasses.fields(Config)}
+    values = {k: v for k, v in cfg.items() if k in known and isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return dataclasses.replace(DEFAULTS, **values)
+
+
+@dataclasses.dataclass(frozen=True)
+class StatusReport:
+    """`status --json`; `healthy` decides the exit code (0 running with a fresh heartbeat, or succeeded)."""
+
+    state: str
+    supervisor_pid: Optional[int]
+    child_pid: Optional[int]
+    attempt: Optional[int]
+    restarts: Optional[int]
+    heartbeat_age_s: Optional[float]
+    step: Optional[int]
+    epoch: Optional[int]
+    loss: Optional[float]
+    last_failure: Optional[dict]
+    latest_checkpoint: Optional[dict]
+    phase: Optional[str] = None
+    heartbeat_fresh: bool = False
+    checkpoint_age_s: Optional[float] = None
+    disk_free_bytes: Optional[int] = None
+    save_interval_s: Optional[float] = None   # the shim's current save_every_seconds="auto" interval
+    progress: Optional[Progress] = None
+    supervisor_alive: bool = False
+    stop: Optional[dict] = None   # a requested stop that ended the run: {"attempt", "saved", "step"}
+
+    @property
+    def healthy(self) -> bool:
+        return self.state == RunState.SUCCEEDED or (self.state == RunState.RUNNING and self.heartbeat_fresh)
+
+    def to_json(self) -> dict:
+        keys = ("state", "supervisor_pid", "child_pid", "attempt", "restarts", "heartbeat_age_s", "step",
+                "epoch", "loss", "last_failure", "latest_checkpoint", "save_interval_s", "stop")
+        out = {k: getattr(self, k) for k in keys}
+        if self.progress is not None:
+            out.update(total_steps=self.progress.total_steps, steps_per_s=self.progress.steps_per_s,
+                       eta_s=self.progress.eta_s, goodput=self.progress.goodput)
+        return out
+
+
+def _newest_heartbeat(rd: RunDir) -> tuple[Optional[HeartbeatRecord], Optional[float]]:
+    """Rank 0's heartbeat (else the stalest rank's) and its age by the file's mtime; of a node's ranks only, for a node."""
+    best: tuple[Optional[HeartbeatRecord], Optional[float]] = (None, None)
+    for rank, p in rd.heartbeat_files():
+        hb = read_heartbeat_record(p)
+        if hb is None or not rd.owns_heartbeat(hb):
+            continue
+        try:
+            age = max(0.0, time.time() - p.stat().st_mtime)
+        except OSError:
+            continue
+        if rank == 0 or best[0] is None or (best[1] is not None and age > best[1]):
+            best = (hb, age)
+            if rank == 0:
+                break
+    return best
+
+
+def supervisor_state(rd: RunDir) -> Optional[SupervisorState]:
+    """supervisor.json as its record (None while absent, being replaced or not a supervisor state)."""
+    try:
+        return SupervisorState.read(rd.supervisor_state)
+    except ContractError:
+        return None
+
+
+def read_status(rd: RunDir) -> StatusReport:
+    state = supervisor_state(rd)
+    recorded = (state.state if state else "") or "not_running"
+    sup_alive = state is not None and procs.matches(state.supervisor_pid, state.supervisor_create_time) is not None
+    if recorded not in FINAL_STATES and not sup_alive:
+        recorded = "not_running"
+    cfg = recorded_config(state)
+    hb, age = _newest_heartbeat(rd)
+    fresh = False
+    if hb is not None and age is not None and state is not None and hb.attempt == state.attempt:
+        fresh = age <= allowance(hb.phase, cfg)
+    events = read_events(rd)
+    last_failure = _last_failure(events)
+    latest = newest_valid(checkpoint_roots(rd))
+    ckpt_age = commit_age(latest.path) if latest is not None else None
+    try:
+        free = shutil.disk_usage(rd.root).free
+    except OSError:
+        free = None
+    return StatusReport(
+        state=recorded, supervisor_pid=state.supervisor_pid if state else None,
+        child_pid=state.child_pid if state else None, attempt=state.attempt if state else None,
+        restarts=state.restarts if state else None,
+        heartbeat_age_s=round(age, 3) if age is not None else None,
+        step=hb.step if hb else None, epoch=hb.epoch if hb else None,
+        loss=hb.loss if hb else None, last_failure=last_failure,
+        latest_checkpoint={"path": str(latest.path), "step": latest.step} if latest else None,
+        phase=hb.phase if hb else None, heartbeat_fresh=fresh,
+        checkpoint_age_s=round(ckpt_age, 3) if ckpt_age is not None else None, disk_free_bytes=free,
+        save_interval_s=hb.save_interval_s if hb else None,
+        progress=progress_of(rd, hb, events, failed=last_failure is not None),
+        supervisor_alive=sup_alive,
+        stop=_stop(events) if recorded == RunState.STOPPED else None,
+    )
+
+
+# What the supervisor writes after an attempt_ended: the first of these says how that attempt's end was taken.
+_OUTCOMES = (Event.ATTEMPT_STARTED, Event.RESTARTING, Event.STOPPED, Event.FINISHED, Event.GAVE_UP)
+
+
+def _ended_by_stop(events: list[dict], i: int) -> bool:
+    """Whether the attempt_ended at events[i] was the requested stop (its next outcome is `stopped`)."""
+    nxt = next((e.get("event") for e in events[i + 1:] if e.get("event") in _OUTCOMES), None)
+    return nxt == Event.STOPPED
+
+
+def _last_failure(events: list[dict]) -> Optional[dict]:
+    """The newest attempt that failed; an attempt ended by a requested stop did not fail, whatever
+    its exit looked like (75 after its preempt save)."""
+    for i in range(len(events) - 1, -1, -1):
+        ev = events[i]
+        if ev.get("event") == Event.ATTEMPT_ENDED and ev.get("kind") not in (Kind.SUCCESS.value, None) \
+                and not _ended_by_stop(events, i):
+            return {"kind": ev.get("kind"), "exit_code": ev.get("exit_code"), "signal": ev.get("signal"),
+                    "at": ev.get("time"), "attempt": ev.get("attempt")}
+    return None
+
+
+def _stop(events: list[dict]) -> Optional[dict]:
+    """The requested stop that ended the run: its attempt, whether the trainer saved, at which step."""
+    ev = next((e for e in reversed(events) if e.get("event") == Event.STOPPED), None)
+    if ev is None:
+        return None
+    return {"attempt": ev.get("attempt"), "saved": ev.get("saved"), "step": ev.get("step")}
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointRow:
+    """One listed checkpoint; `problem` is None when it passed the chosen check."""
+
+    name: str
+    path: str
+    step: int
+    epoch: Optional[int]
+    batch_in_epoch: Optional[int]
+    kind: Optional[str]
+    loss: Optional[float]
+    created_at: Optional[str]
+    size_bytes: Optional[int]
+    exact: Optional[bool]
+    is_best: bool
+    is_latest: bool
+    problem: Optional[str]
+
+    def to_json(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["valid"] = self.problem is None
+        return d
+
+
+def list_checkpoints(rd: RunDir, *, verify: bool = False) -> list[CheckpointRow]:
+    """Every committed checkpoint, newest first, checked by size (or full digests with `verify`)."""
+    index = read_index(rd)
+    try:
+        latest_target = (rd.latest).resolve() if rd.latest.is_symlink() else None
+    except OSError:
+        latest_target = None
+    rows = []
+    for step, path, root in iter_checkpoint_dirs(checkpoint_roots(rd)):
+        entry = index.get(path.name) if isinstance(index.get(path.name), dict) else {}
+        problem = None
+        manifest = None
+        try:
+            info = inspect_checkpoint(path, full=verify, root=root)
+            manifest = info.manifest
+        except InvalidCheckpoint as e:
+            problem = e.reason
+        size = sum(f.size for f in manifest.files.values()) if manifest else None
+        rows.append(CheckpointRow(
+            name=path.name, path=str(path), step=step,
+            epoch=manifest.epoch if manifest else entry.get("epoch"),
+            batch_in_epoch=manifest.batch_in_epoch if manifest else None,
+            kind=entry.get("kind") or (manifest.kind.value if manifest else None),
+            loss=manifest.loss if manifest else entry.get("loss"),
+            created_at=manifest.created_at if manifest else entry.get("timestamp"),
+            size_bytes=size, exact=manifest.exact if manifest else None,
+            is_best=bool(entry.get("is_best")), is_latest=latest_target is not None and path.resolve() == latest_target,
+            problem=problem,
+        ))
+    return rows

@@ -1,0 +1,12 @@
+"""Process control: spawn, watch and stop the job's processes.
+
+    attempts   Attempt (what runs) and AttemptResult (how it ended, assessed once)
+    cgroup     --memory-limit cgroups and the kernel's OOM-kill evidence
+    heartbeat  per-rank liveness from file events and a timer, on our own clock
+    launch     the torchrun argv; torchrun's per-rank failure records
+    prestart   the next attempt's launcher (prestarted torchrun or warm interpreter)
+    procs      spawn in its own group (die-with-parent), tee the log, kill whole trees
+    snapshots  persist a memory snapshot newer than the disk before any choice
+    stopping   `stop`: SIGTERM a live supervisor and wait for it
+    wakeup     self-pipe + signal queue the loop sleeps on
+"""

@@ -1,0 +1,132 @@
+"""The next attempt's launcher, started ahead of need so that a restart does not wait for imports.
+
+For a torchrun job it is a prestarted torchrun (trainer_shim._launch.standby); for `python SCRIPT.py` a
+warm interpreter with torch and `--preload` modules imported (trainer_shim._launch.warm). Either waits on
+its stdin for one `StandbyMessage` (the attempt's environment) and is then attempt N; its log
+is logs/standby-N.log until then, so an idle standby is never mistaken for an attempt.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+import psutil
+
+from trainer_shim.rundir import RunDir, StandbyMessage
+
+from . import procs
+from .launch import is_python_script, standby_command
+from ..messages import say
+
+__all__ = ["Standby", "Prestarter", "WARM_MEMORY_FACTOR", "WARM_MEMORY_FLOOR"]
+
+# A warm interpreter for a single-process job is prestarted only while MemAvailable >=
+# WARM_MEMORY_FACTOR x the running attempt's peak RSS (its process tree), and at least
+# WARM_MEMORY_FLOOR: the idle standby costs torch's ~250 MB and the restarted attempt will need
+# its predecessor's peak again.
+WARM_MEMORY_FACTOR = 2.0
+WARM_MEMORY_FLOOR = 512 << 20
+
+
+@dataclasses.dataclass
+class Standby:
+    """A launcher started ahead of need: attempt `number`'s process and log."""
+
+    number: int
+    child: procs.Child
+    warm: bool = False   # a warm interpreter (trainer_shim._launch.warm) rather than a prestarted torchrun
+
+
+class Prestarter:
+    """Owns at most one standby: starts it, hands it an attempt, or discards it."""
+
+    def __init__(self, rd: RunDir, preload: Sequence[str], working_dir: Optional[str],
+                 tick: Callable[[], None]) -> None:
+        self.rd = rd
+        self.preload = tuple(preload)
+        self.working_dir = working_dir
+        self._tick = tick
+        self.standby: Optional[Standby] = None
+
+    def start(self, command: Sequence[str], n: int, env: dict[str, str], peak_rss: int) -> None:
+        """Prestart attempt n's launcher for `command` (no-op when one exists or none applies)."""
+        argv = standby_command(command, self.preload)
+        if argv is None or self.standby is not None:
+            return
+        warm = is_python_script(command)
+        if warm and not self._memory_for_warm(peak_rss):
+            return
+        if warm:  # an interpreter still importing torch would make the restart slower than a cold one
+            argv = (*argv[:3], f"--ready={self._ready_file(n)}", *argv[3:])
+        log_path = self.rd.standby_log(n)
+        log_path.unlink(missing_ok=True)  # an idle standby's log left by a killed supervisor: never an attempt's
+        try:  # the attempt's own variables come over the pipe when it is needed
+            child = procs.spawn(argv, env=env, cwd=self.working_dir, log_path=log_path, stdin_pipe=True)
+        except OSError as e:
+            say(f"cannot prestart the next attempt's launcher ({e.strerror or e}); restarts start it cold")
+            return
+        self.standby = Standby(n, child, warm=warm)
+
+    def _ready_file(self, n: int) -> Path:
+        log = self.rd.attempt_log(n)
+        return log.with_name(log.name + ".warm-ready")
+
+    def _memory_for_warm(self, peak_rss: int) -> bool:
+        """The rule of WARM_MEMORY_FACTOR: is there room for an idle warm interpreter?"""
+        need = max(WARM_MEMORY_FLOOR, int(WARM_MEMORY_FACTOR * peak_rss))
+        try:
+            avail = psutil.virtual_memory().available
+        except (OSError, psutil.Error):
+            return False
+        if avail < need:
+            say(f"not prestarting a warm interpreter: {avail >> 20} MiB available < {need >> 20} MiB "
+                      f"({WARM_MEMORY_FACTOR:g} x the attempt's peak RSS); a restart starts cold")
+            return False
+        return True
+
+    def activate(self, after: int, env_of: Callable[[int], dict[str, str]],
+                 cgroup_procs: Optional[Path]) -> Optional[Standby]:
+        """Hand the standby its attempt's environment; None when there is none usable (then it is
+        discarded). `after` is the last attempt number used: an older standby is stale."""
+        sb = self.standby
+        if sb is None:
+            return None
+        if sb.number <= after or sb.child.poll() is not None or sb.child.popen.stdin is None \
+                or (sb.warm and not self._ready_file(sb.number).exists()):
+            self.discard()
+            return None
+        try:
+            if cgroup_procs is not None:  # joined only now: idle, it must not eat the job's memory budget
+                cgroup_procs.write_text(str(sb.child.pid))
+            sb.child.popen.stdin.write(StandbyMessage(env_of(sb.number)).to_line())
+            sb.child.popen.stdin.close()
+        except OSError as e:
+            say(f"prestarted launcher unusable ({e.strerror or e}); starting the attempt cold")
+            self.discard()
+            return None
+        self.standby = None
+        if sb.warm:
+            self._ready_file(sb.number).unlink(missing_ok=True)
+        try:  # from now on it is attempt N: its log takes the attempt's name (the open fd follows the rename)
+            os.replace(sb.child.log_path, self.rd.attempt_log(sb.number))
+            sb.child.log_path = self.rd.attempt_log(sb.number)
+        except OSError:
+            pass
+        return sb
+
+    def discard(self) -> None:
+        """Kill the standby (if any) and remove its files: it never ran an attempt."""
+        sb, self.standby = self.standby, None
+        if sb is None:
+            return
+        if sb.warm:
+            self._ready_file(sb.number).unlink(missing_ok=True)
+        procs.kill_tree(sb.child.pid, grace=0, tick=self._tick, reap=sb.child.poll)
+        sb.child.close()
+        try:
+            sb.child.log_path.unlink()
+        except OSError:
+            pass

@@ -1,0 +1,132 @@
+"""The raw loop's checkpoint engine: the collaborators that saving, restoring, async saves, the
+probe, provenance and divergence share, passed to them explicitly with public attributes.
+
+`Run` (the loop API) builds one `Engine` and hands it (as `run.engine`) to the modules it uses;
+those modules never reach into the Run's own underscore attributes, and none of them imports
+`run`: dependencies flow one way, run -> engine pieces -> contract.
+
+Engine        the group (collectives), heartbeat, reporter, save timer, retention, fast saver, and
+              the save/restore bookkeeping (last checkpoint size, rejected paths, ...)
+Stream        where the training stream stands beyond step/epoch/batch (its loader, RNG, resume data)
+Reporter      events and "trainer_shim: ..." lines: the one place that prints or appends an event
+Trained       what the engine reads and sets on the training side (a Run is one)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional, Protocol
+
+from .. import rundir
+from ..rundir import Event
+
+__all__ = ["say", "Reporter", "Stream", "Engine", "Trained"]
+
+PREFIX = "trainer_shim:"
+
+
+def say(msg: str) -> None:
+    """One line on stderr, flushed at once (a killed process still leaves it behind)."""
+    print(f"{PREFIX} {msg}", file=sys.stderr, flush=True)
+
+
+class Reporter:
+    """Appends this attempt's events to the run dir; a storage failure is a warning, never an error."""
+
+    def __init__(self, rd: rundir.RunDir, attempt: int) -> None:
+        self.rd = rd
+        self.attempt = attempt
+
+    def event(self, event: Event, **fields: Any) -> None:
+        try:
+            rundir.append_event(self.rd, event, self.attempt, **fields)
+        except OSError as e:
+            say(f"warning: cannot append to {self.rd.events}: {e}")
+
+    def checkpoint_failed(self, root: Path, step: int, error: str, background: bool = False) -> None:
+        """A save of `step` failed in `root`: a warning and a checkpoint_failed event; training continues."""
+        say(f"warning: checkpoint at step {step} failed in {root}: {error}; training continues")
+        extra = {"background": True} if background else {}
+        self.event(Event.CHECKPOINT_FAILED, path=str(root / rundir.checkpoint_name(step)), error=error, **extra)
+
+
+@dataclasses.dataclass
+class Stream:
+    """The training stream's position beyond step/epoch/batch (saved with, and restored into, a checkpoint)."""
+
+    loader: Any = None                   # the loader of the training stream (for stateful ones)
+    epoch_rng: Optional[dict] = None     # RNG right before this epoch's iterator was built
+    resume: Optional[dict] = None        # mid-epoch resume data, used by run.batches()
+    in_epochs: bool = False              # inside run.epochs()
+
+
+@dataclasses.dataclass
+class Engine:
+    """One training process's checkpoint machinery; built by `Run` in the order its parts need."""
+
+    reporter: Reporter
+    group: Any                           # distributed.Solo or distributed.Dist
+    hb: Any = None                       # heartbeat.Heartbeat
+    saves: Any = None                    # save_time.SaveTimer
+    retention: Any = None                # retention.Retention
+    fast: Any = None                     # async_save.FastSaver when async_save/memory_every_steps is on
+    auto: Any = None                     # save_interval's adaptive interval for save_every_seconds="auto"
+    provenance: dict = dataclasses.field(default_factory=dict)  # git/args recorded in every manifest
+    stream: Stream = dataclasses.field(default_factory=Stream)
+    last_size: int = 0                   # bytes of the last checkpoint (free-space check)
+    last_save_t: float = dataclasses.field(default_factory=time.monotonic)
+    rejected_paths: set = dataclasses.field(default_factory=set)  # real paths this process refused
+    live_state_changed: bool = False     # a rejected checkpoint wrote into live tensors (restoring)
+    dirty: bool = False                  # an optimizer.step() ran since the last run.step()
+    finished: bool = False               # finished, or ended on purpose: no emergency checkpoint
+
+    def event(self, event: Event, **fields: Any) -> None:
+        self.reporter.event(event, **fields)
+
+    def on_progress(self, nbytes: int) -> None:
+        """Bytes written so far by the save in progress (shown in the heartbeat)."""
+        self.hb.save_bytes = nbytes
+
+    def reset(self) -> None:
+        """Back to a fresh start's bookkeeping (before a restore)."""
+        self.stream = Stream()
+        self.last_size = 0
+        self.last_save_t = time.monotonic()
+        self.rejected_paths = set()
+        self.live_state_changed = False
+        self.dirty = False
+        self.finished = False
+
+
+class Trained(Protocol):
+    """What the engine's modules read and set on the training side; `trainer_shim.Run` is one."""
+
+    engine: Engine
+    rd: rundir.RunDir
+    env: rundir.RunEnv
+    options: Any
+    rank: int
+    world_size: int
+    sharded: bool
+    allow_reshard: bool
+    strict_resume: bool
+    model: Any
+    optimizer: Any
+    scheduler: Any
+    scaler: Any
+    extra: dict
+    state: dict
+    global_step: int
+    epoch: int
+    batch_in_epoch: int
+    loss: Optional[float]
+    resumed_from: Optional[str]
+    checkpoint_step: Optional[int]
+    git_commit: Optional[str]
+    git_dirty: Optional[bool]
+
+    @property
+    def search_dirs(self) -> list[Path]: ...

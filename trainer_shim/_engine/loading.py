@@ -1,0 +1,70 @@
+"""`load()`: verify and load a finished (or any) checkpoint outside a training run."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import checkpoint as ckpt
+from .. import rundir
+from ..errors import CheckpointError
+
+__all__ = ["LoadResult", "load", "sharded_module"]
+
+
+def sharded_module() -> Any:
+    """The DCP module, imported on first use (it costs ~0.6 s and only sharded runs need it)."""
+    from . import sharded
+
+    return sharded
+
+
+@dataclasses.dataclass
+class LoadResult:
+    """What `load()` found: the checkpoint, its manifest, and the model state dict."""
+
+    path: Path
+    manifest: rundir.Manifest
+    model_state: dict
+    missing_keys: list[str]
+    unexpected_keys: list[str]
+
+
+def load(path_or_run_dir: os.PathLike | str, model: Any = None, *, optimizer: Any = None,
+         map_location: Any = "cpu", strict: bool = True) -> LoadResult:
+    """Verify and safely load a checkpoint (a checkpoint dir, a checkpoints dir or a run dir) into `model`."""
+    p = Path(path_or_run_dir)
+    if not (p / rundir.MANIFEST_NAME).exists():
+        roots = [p / rundir.CHECKPOINTS] if (p / rundir.CHECKPOINTS).is_dir() else [p]
+        info = rundir.newest_valid(roots)
+        if info is None:
+            raise CheckpointError(f"no valid checkpoint under {p}")
+        p = info.path
+    try:
+        sharded = rundir.inspect_checkpoint(p).manifest.sharded
+    except rundir.InvalidCheckpoint as e:
+        raise CheckpointError(e.reason) from e
+    if sharded:  # a DCP set: load it in this one process (resharded to full tensors)
+        info, _ = ckpt.read_checkpoint(p, names=[])
+        if model is not None and (optimizer is not None or strict):
+            sharded_module().load(info.path, model, optimizer)
+            return LoadResult(info.path, info.manifest, model.state_dict(), [], [])
+        sd = sharded_module().full_model_state(info.path)
+        files: dict[str, Any] = {}
+    else:
+        info, files = ckpt.read_checkpoint(p, model_only=optimizer is None)
+        sd = files[ckpt.MODEL_FILE]
+    if map_location not in (None, "cpu", torch.device("cpu")):
+        sd = {k: v.to(map_location) if isinstance(v, torch.Tensor) else v for k, v in sd.items()}
+    missing: list[str] = []
+    unexpected: list[str] = []
+    if model is not None:
+        res = model.load_state_dict(sd, strict=strict)
+        missing, unexpected = list(res.missing_keys), list(res.unexpected_keys)
+    if optimizer is not None and ckpt.OPTIMIZER_FILE in files:
+        optimizer.load_state_dict(files[ckpt.OPTIMIZER_FILE])
+    return LoadResult(info.path, info.manifest, sd, missing, unexpected)

@@ -1,0 +1,257 @@
+"""Write a checkpoint into a shared-memory slot with the training stall of a memory copy.
+
+A slot (`/dev/shm/resilient-run-<hash>-<slot>/`, 0700, files 0600) holds the members of a
+normal checkpoint. model.pt and optimizer.pt are split (trainer_shim._engine.raw_tensors):
+`<member>.tensors` holds the state's tensor bytes, mapped MAP_SHARED once and then updated in
+place with `copy_` (the preallocated buffers *are* the slot), `<member>.table` says where each
+tensor is and its digest, and `<member>` is the small skeleton with TENSOR_REF markers, rewritten
+each time (it holds lr, step counts ...). A structure change (new optimizer state, another shape)
+recreates the tensor file once.
+
+Order of a snapshot: unlink MANIFEST.json (the slot stops being complete), copy, then
+`finalize()` hashes the tensors (table) and the members and writes MANIFEST.json last; a kill
+in between leaves a slot nobody uses. `fill()` is what training waits for; `finalize()` may run
+on the writer thread.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from . import checkpoint as ckpt
+from . import raw_tensors as raw
+from .. import rundir
+from . import snapshot_store
+from ..errors import ShimError
+from ..rundir import FileEntry, Manifest
+
+SPLIT = (ckpt.MODEL_FILE, ckpt.OPTIMIZER_FILE)
+
+
+class SlotError(ShimError):
+    """A slot cannot be created or is not ours (owner/mode); memory snapshots are off."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path = path
+
+
+def split(obj: Any, out: list) -> Any:
+    """The skeleton of `obj` with every tensor moved to `out` and replaced by its marker."""
+    if isinstance(obj, torch.Tensor):
+        out.append(obj)
+        return f"{rundir.TENSOR_REF}{len(out) - 1}"
+    if isinstance(obj, dict):
+        new = type(obj)((k, split(v, out)) for k, v in obj.items())
+        if hasattr(obj, "_metadata"):
+            new._metadata = obj._metadata  # type: ignore[attr-defined]
+        return new
+    if isinstance(obj, list):
+        return [split(v, out) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(split(v, out) for v in obj)
+    return obj
+
+
+def _layout(tensors: list) -> list:
+    return [(t.dtype, tuple(t.shape), t.device.type) for t in tensors]
+
+
+def _write_new(path: Path, obj: Any) -> None:
+    """torch.save into a fresh owner-only file (replacing any old one)."""
+    tmp = path.with_name(path.name + ".new")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with os.fdopen(fd, "wb", closefd=False) as f:
+            torch.save(obj, f)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+class Staging:
+    """Reusable private CPU buffers for the async path: run.step() pays one copy into them (the
+    floor), the writer thread moves them into a slot. One set: one save in flight at a time."""
+
+    def __init__(self) -> None:
+        self.bufs: dict[str, list] = {}
+        self.layouts: dict[str, list] = {}
+
+    def put(self, name: str, tensors: list) -> None:
+        lay = _layout(tensors)
+        if self.layouts.get(name) != lay:
+            self.bufs[name] = [torch.empty(t.shape, dtype=t.dtype) for t in tensors]
+            self.layouts[name] = lay
+        with torch.no_grad():
+            for dst, src in zip(self.bufs[name], tensors):
+                dst.copy_(src)
+
+
+class Slot:
+    """One slot directory and the mapped tensor lists of its split members."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.views: dict[str, list] = {}     # member -> tensors mapped MAP_SHARED from <member>.tensors
+        self.layouts: dict[str, list] = {}
+        self.regions: dict[str, tuple[mmap.mmap, list]] = {}  # member -> (its mapping, table entries)
+        self.pending: list[str] = []         # split members whose tensors wait in the staging buffers
+
+    def prepare(self) -> Optional[str]:
+        """Create the slot (0700) or check ours. A loose one of ours (wrong mode) is never trusted:
+        it is emptied and recreated (the reason is returned); a foreign one raises SlotError."""
+        why = rundir.untrusted_slot_reason(self.path) if os.path.lexists(self.path) else None
+        if why is not None:
+            if os.lstat(self.path).st_uid != os.geteuid():
+                raise SlotError(self.path, why)
+            snapshot_store.remove(self.path)
+        if not os.path.lexists(self.path):
+            try:
+                os.mkdir(self.path, 0o700)
+            except FileExistsError:
+                pass
+            except OSError as e:
+                raise SlotError(self.path, f"cannot create: {e.strerror or e}") from e
+        now = rundir.untrusted_slot_reason(self.path)
+        if now is not None:
+            raise SlotError(self.path, now)
+        return why
+
+    def invalidate(self) -> None:
+        try:
+            os.unlink(self.path / rundir.MANIFEST_NAME)
+        except FileNotFoundError:
+            pass
+
+    def fill(self, files: dict[str, Any], staging: Optional[Staging] = None) -> None:
+        """Copy `files` (member -> state) into the slot, or its big tensors into `staging` (then
+        flush() completes the slot); the caller's tensors may change right after either way."""
+        self.invalidate()
+        self.pending = []
+        present = set()
+        for name, obj in files.items():
+            present.add(name)
+            tensors: list = []
+            skel = split(obj, tensors) if name in SPLIT else obj
+            if name not in SPLIT or raw.plan(tensors) is None:  # e.g. a sparse tensor: stored whole
+                self._forget(name)
+                _write_new(self.path / name, obj)
+                continue
+            present.update((name + rundir.TENSORS_SUFFIX, name + rundir.TABLE_SUFFIX))
+            if staging is not None:
+                staging.put(name, tensors)
+                self.pending.append(name)
+            else:
+                self._store(name, tensors)
+            _write_new(self.path / name, skel)
+        for ent in os.scandir(self.path):  # members of an older layout (e.g. an optimizer since dropped)
+            if ent.name not in present:
+                os.unlink(ent.path)
+        for name in list(self.views):
+            if name + rundir.TENSORS_SUFFIX not in present:
+                self._forget(name)
+
+    def _forget(self, name: str) -> None:
+        self.views.pop(name, None)
+        self.layouts.pop(name, None)
+        self.regions.pop(name, None)
+
+    def flush(self, staging: Staging) -> None:
+        """Writer thread: move the staged tensors into the slot's mapped files."""
+        for name in self.pending:
+            self._store(name, staging.bufs[name])
+        self.pending = []
+
+    def _store(self, name: str, tensors: list) -> None:
+        tpath = self.path / (name + rundir.TENSORS_SUFFIX)
+        views = self.views.get(name)
+        if views is not None and self.layouts.get(name) == _layout(tensors) and tpath.exists():
+            with torch.no_grad():
+                for dst, src in zip(views, tensors):
+                    dst.copy_(src)
+        else:
+            self._remap(name, tpath, tensors)
+
+    def _remap(self, name: str, tpath: Path, tensors: list) -> None:
+        """(Re)create the raw region and map it shared, so later copies go in place."""
+        self._forget(name)
+        entries = raw.plan(tensors)
+        assert entries is not None  # fill() stores members that cannot be raw whole
+        mm = raw.create(tpath, entries)
+        views = [raw.view(mm, e) for e in entries]
+        with torch.no_grad():
+            for dst, src in zip(views, tensors):
+                dst.copy_(src)
+        self.views[name], self.layouts[name], self.regions[name] = views, _layout(tensors), (mm, entries)
+
+    def finalize(self, snap: ckpt.Snapshot, meta: dict[str, Any], world_size: int = 1) -> Manifest:
+        """Hash the tensors (their table) and the members, write MANIFEST.json last: from now on
+        the slot is a complete snapshot (of one rank's share when `world_size` > 1)."""
+        known = {}
+        for name, (mm, table) in self.regions.items():
+            table, whole = raw.digests(mm, table)
+            rundir.atomic_write_bytes(self.path / (name + rundir.TABLE_SUFFIX), raw.table_bytes(table), durable=False)
+            known[name + rundir.TENSORS_SUFFIX] = whole
+        entries = {}
+        for ent in sorted(os.scandir(self.path), key=lambda e: e.name):
+            if ent.name == rundir.MANIFEST_NAME or ent.name.endswith(".new"):
+                continue
+            dig = known.get(ent.name) or rundir.digest_file(Path(ent.path))
+            entries[ent.name] = FileEntry(os.path.getsize(ent.path), dig)
+        manifest = ckpt.manifest_of(snap, entries, meta, world_size)
+        rundir.atomic_write_bytes(self.path / rundir.MANIFEST_NAME, manifest.to_bytes(),
+                                  durable=False)
+        return manifest
+
+    def close(self) -> None:
+        self.views.clear()
+        self.layouts.clear()
+        self.regions.clear()
+
+
+class Slots:
+    """The two slots of one run dir (and rank): which is newest-complete, which the writer holds."""
+
+    def __init__(self, rd: rundir.RunDir, rank: int = 0) -> None:
+        self.rd = rd
+        self.slots = [Slot(p) for p in rundir.snapshot_slot_paths(rd.root, rd.node, rank)]
+        self.staging = Staging()
+        self.newest: Optional[int] = None  # index of the newest complete slot this process wrote/restored
+
+    def prepare(self) -> list[tuple[Path, str]]:
+        """Every slot ready; (path, reason) of loose ones that were replaced."""
+        out = []
+        for s in self.slots:
+            why = s.prepare()
+            if why is not None:
+                out.append((s.path, why))
+        return out
+
+    def target(self, pinned: Optional[int], pinned_complete: bool) -> Optional[int]:
+        """The slot the next snapshot may overwrite: never the only complete one, never a pinned one.
+
+        None while the writer still finalizes the other slot (no second complete one exists yet).
+        """
+        other = 0 if self.newest is None else 1 - self.newest
+        if other != pinned:
+            return other
+        if pinned_complete and self.newest is not None:
+            return self.newest  # the writer's slot is complete: overwriting the newer one keeps it
+        return None
+
+    def free(self) -> None:
+        """This rank's slots (the supervisor frees every rank's when the run ends)."""
+        for s in self.slots:
+            s.close()
+            snapshot_store.remove(s.path)
+
+    def adopt(self, path: Path) -> None:
+        """A slot this process restored from is the newest complete one (not overwritten first)."""
+        for i, s in enumerate(self.slots):
+            if s.path == path:
+                self.newest = i

@@ -1,0 +1,241 @@
+"""Restore: ONE loop for 1..N ranks that picks, verifies and applies a checkpoint, falling back on rejection.
+
+The candidates, newest first: memory slots at least as new as the disk pick (a single process
+with memory snapshots), then the supervisor's pick, then the newest valid disk checkpoint below
+the last one refused. rank 0 chooses, the group agrees on it, every rank loads it; a checkpoint
+any rank cannot apply is rejected (checkpoint_rejected) and the next candidate tried, on all
+ranks. In a world of one the group's collectives are identities. These functions are the
+training side's restore half: they read its configuration and set its position (step, epoch,
+batch, RNG, state).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Optional, Protocol
+
+from . import checkpoint as ckpt
+from .._policies import provenance
+from .._loop import rng
+from .. import rundir
+from .engine import Trained, say
+from ..errors import CheckpointError, WorldSizeMismatch
+from .loading import sharded_module
+from .raw_tensors import LiveStateChanged
+from ..rundir import EXIT_CRASH, EXIT_REFUSED, Event
+
+__all__ = ["restore", "reject", "apply", "Candidate", "MemorySource"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """A checkpoint to try (broadcast from rank 0: plain and picklable)."""
+
+    path: str
+    memory: bool = False   # a memory slot: MemorySource.loaded/dropped follow its outcome
+
+
+class MemorySource(Protocol):
+    """Memory slots offered to the restore loop before the disk checkpoints (async_save.FastSaver)."""
+
+    def candidates(self, requested: Optional[str]) -> Iterator[Path]: ...
+    def loaded(self, path: Path) -> None: ...
+    def dropped(self, path: Path) -> None: ...
+
+
+def reject(run: Trained, path: Path, reason: str) -> None:
+    """Record that this process refused `path` (a later save at its step must not reuse it)."""
+    run.engine.rejected_paths.add(os.path.realpath(path))
+    say(f"warning: rejected checkpoint {path}: {reason}")
+    run.engine.event(Event.CHECKPOINT_REJECTED, path=str(path), reason=reason)
+
+
+def _candidates(run: Trained, requested: Optional[str], memory: Optional[MemorySource]) -> Iterator[Candidate]:
+    """rank 0's candidates in order; the generator resumes only after the previous one was refused."""
+    if memory is not None:
+        for path in memory.candidates(requested):
+            yield Candidate(str(path), memory=True)
+    below: Optional[int] = None
+    while True:  # the supervisor's pick first (one chooser for every front end), then older ones
+        info = rundir.choose(run.search_dirs, requested, allow_inexact=run.options.resume_emergency,
+                             below_step=below, on_reject=lambda p, r: reject(run, p, r))
+        if info is None:
+            return
+        yield Candidate(str(info.path))
+        requested, below = None, rundir.parse_checkpoint_name(info.path.name)
+
+
+def restore(run: Trained, memory: Optional[MemorySource] = None) -> None:
+    """Load the newest loadable candidate on every rank, falling back to older ones (see the module doc)."""
+    group = run.engine.group
+    requested = run.env.resume_from
+    pick = _candidates(run, requested, memory) if run.rank == 0 else iter(())
+    while True:
+        cand = group.broadcast(next(pick, None), "checkpoint choice")
+        if cand is None:
+            _start_fresh(run, " (supervisor: no valid checkpoint)" if requested == rundir.RESUME_NONE else "")
+            return
+        path = Path(cand.path)
+        errs = _try(run, path)
+        if not errs:
+            if cand.memory and memory is not None:
+                memory.loaded(path)
+            return
+        if run.rank == 0:
+            alone = group.world_size == 1
+            reject(run, path, "; ".join(e if alone else f"rank {r}: {e}" for r, e in errs))
+            if cand.memory and memory is not None:
+                memory.dropped(path)
+        run.resumed_from = None
+
+
+def _try(run: Trained, path: Path) -> list[tuple[int, str]]:
+    """Verify and apply `path` on every rank; (rank, error) of each rank that could not."""
+    group = run.engine.group
+    # Many ranks split the hashing of the files; one process verifies what it reads.
+    alone = group.world_size == 1
+    err = None if alone else _verify_share(run, path)
+    errs = [(r, e) for r, e in enumerate(group.all_gather(err, "checkpoint verification")) if e]
+    if errs:
+        return errs
+    try:
+        apply(run, path, verify=alone)
+    except WorldSizeMismatch as e:
+        _world_size_refused(run, path, e)
+    except CheckpointError as e:
+        err = str(e)
+    return [(r, e) for r, e in enumerate(group.all_gather(err, "restore outcome")) if e]
+
+
+def _start_fresh(run: Trained, why: str) -> None:
+    """Fresh start, unless a rejected checkpoint already wrote into the live model (see
+    raw_tensors): then this attempt cannot start from the user's own initial state; it ends, and
+    the next one (the bad slot's manifest gone) starts fresh for real."""
+    # Every rank ends (a peer left starting fresh would wait for the ended one's collectives).
+    if any(run.engine.group.all_gather(run.engine.live_state_changed, "live state check")):
+        say("error: a rejected checkpoint had already overwritten part of the live state and no valid "
+             "checkpoint is left to replace it; ending this attempt so the next one starts fresh")
+        run.engine.group.destroy()
+        raise SystemExit(EXIT_CRASH)  # a crash to the supervisor: restarted under the usual policy
+    if run.rank == 0:
+        say(f"starting fresh in {run.rd.root}{why}")
+
+
+def _world_size_refused(run: Trained, path: Path, e: Exception) -> None:
+    say(f"error: cannot resume from {path}: {e}")
+    if run.rank == 0:
+        run.engine.event(Event.CHECKPOINT_REJECTED, path=str(path), reason=str(e))
+    run.engine.group.destroy()
+    raise SystemExit(EXIT_REFUSED)  # a configuration problem: retrying cannot help
+
+
+def _verify_share(run: Trained, path: Path) -> Optional[str]:
+    """Hash this rank's share of a multi-rank checkpoint's files (ranks split the work by size)."""
+    def share(files: dict[str, rundir.FileEntry]) -> list[str]:
+        load = [0] * run.world_size
+        picked: list[str] = []
+        for name in sorted(files, key=lambda n: (-files[n].size, n)):  # greedy: biggest to least loaded
+            r = min(range(run.world_size), key=lambda i: (load[i], i))
+            load[r] += files[name].size
+            if r == run.rank:
+                picked.append(name)
+        return picked
+
+    try:
+        rundir.inspect_checkpoint(path, full=True, digest_only=share)
+    except rundir.InvalidCheckpoint as e:
+        return e.reason
+    return None
+
+
+def _refuse_world_size(run: Trained, m: rundir.Manifest) -> None:
+    was, now = m.world_size, run.world_size
+    if not m.sharded:
+        raise WorldSizeMismatch(f"it was written by {was} rank(s), this run has {now}; only sharded (DCP) "
+                                f"checkpoints can be resharded: run with {was} rank(s)")
+    if not run.allow_reshard:
+        raise WorldSizeMismatch(
+            f"it was written by {was} rank(s), this run has {now}; its model and optimizer would reshard "
+            f"exactly, but data order and per-rank RNG cannot continue a {was}-rank run bit-exactly: run "
+            f"with {was} rank(s), or set {rundir.ENV_ALLOW_RESHARD}=1 to resume at {now}")
+
+
+def _load_members(run: Trained, path: Path, verify: bool) -> tuple[rundir.CheckpointInfo, dict, bool]:
+    """Read (and verify) this rank's members and load model, optimizer, scheduler, scaler, extras."""
+    try:
+        hm = rundir.inspect_checkpoint(path).manifest
+    except rundir.InvalidCheckpoint as e:
+        raise CheckpointError(e.reason) from e
+    reshard = hm.world_size != run.world_size
+    if reshard:
+        _refuse_world_size(run, hm)
+    if ckpt.TRAINER_FILE in hm.files:  # written by one process
+        mine = ckpt.TRAINER_FILE
+    else:  # per-rank state; a rank the old world did not have continues from rank 0's
+        mine = ckpt.rank_file(run.rank if run.rank < hm.world_size else 0)
+    names = [mine] if hm.sharded else [ckpt.MODEL_FILE, ckpt.OPTIMIZER_FILE, mine]
+    # Live state dicts: a memory snapshot's tensors are copied straight into them (no unpickling).
+    live = {} if hm.sharded else {
+        ckpt.MODEL_FILE: run.model.state_dict() if run.model is not None else None,
+        ckpt.OPTIMIZER_FILE: run.optimizer.state_dict() if run.optimizer is not None else None}
+    info, files = ckpt.read_checkpoint(path, names=names, verify=verify, into=live)
+    tr = files.get(mine)
+    if not isinstance(tr, dict) or "rng" not in tr:
+        raise CheckpointError(f"{mine} lacks trainer state")
+    if info.manifest.sharded:
+        if run.model is None:
+            raise CheckpointError("a sharded checkpoint needs init(model=...) to load into")
+        run.engine.group.guard("sharded checkpoint load", sharded_module().load, path, run.model, run.optimizer,
+                         group=run.engine.group.group)
+        run.engine.dirty = False  # DCP initialises a fresh optimizer's state with a zero-lr step
+    elif run.model is not None:
+        if ckpt.MODEL_FILE not in files:
+            raise CheckpointError(f"{ckpt.MODEL_FILE} missing")
+        if files[ckpt.MODEL_FILE] is not live[ckpt.MODEL_FILE]:  # else: already copied in place
+            run.model.load_state_dict(files[ckpt.MODEL_FILE])
+    if run.optimizer is not None and ckpt.OPTIMIZER_FILE in files:
+        run.optimizer.load_state_dict(files[ckpt.OPTIMIZER_FILE])
+    for obj, key in ((run.scheduler, "scheduler"), (run.scaler, "scaler")):
+        if obj is not None and tr.get(key) is not None:
+            obj.load_state_dict(tr[key])
+    for k, obj in run.extra.items():
+        if obj is not None and k in (tr.get("extra") or {}):
+            obj.load_state_dict(tr["extra"][k])
+    return info, tr, reshard
+
+
+def apply(run: Trained, path: Path, verify: bool) -> None:
+    try:
+        info, tr, reshard = _load_members(run, path, verify)
+    except LiveStateChanged:
+        run.engine.live_state_changed = True  # only a later complete load may clear this
+        raise
+    run.engine.live_state_changed = False  # every live tensor the failed load touched is overwritten now
+    m = info.manifest
+    run.state.clear()
+    run.state.update(tr.get("state") or {})
+    # Resharded: each rank's share of an epoch changes with the world size; resume at the
+    # same fraction of the epoch (the global sample count) in the new world's batches.
+    k = m.batch_in_epoch * m.world_size // run.world_size if reshard else m.batch_in_epoch
+    run.global_step, run.epoch, run.batch_in_epoch = m.global_step, m.epoch, k
+    run.loss = tr.get("loss", m.loss)
+    if run.rank >= m.world_size:  # a rank the old world lacked starts from rank 0's RNGs: make them its own
+        tr = {**tr, "rng": rng.derive(tr["rng"], run.rank),
+              "epoch_rng": rng.derive(tr["epoch_rng"], run.rank) if tr.get("epoch_rng") else None}
+    rng.restore(tr["rng"])
+    if k > 0 or tr.get("loader_state") is not None:
+        run.engine.stream.resume = {"epoch": m.epoch, "batch_in_epoch": k, "epoch_rng": tr.get("epoch_rng"),
+                              "step_rng": tr["rng"], "loader_state": tr.get("loader_state")}
+    run.resumed_from = str(info.path)
+    run.engine.retention.resumed_step = run.checkpoint_step = m.global_step
+    run.engine.last_size = sum(f.size for f in m.files.values())
+    say(f"resumed from {info.path} (step {m.global_step}, epoch {m.epoch}, batch {k})"
+         + ("" if m.exact else " [inexact emergency checkpoint]")
+         + (f" [resharded from {m.world_size} to {run.world_size} rank(s): not bit-exact]" if reshard else ""))
+    if reshard and run.rank == 0:
+        run.engine.event(Event.CHECKPOINT_RESHARDED, path=str(info.path), from_world_size=m.world_size,
+                   to_world_size=run.world_size, batch_in_epoch=k)
+    provenance.check_resume(run, info.path, m, run.strict_resume)

@@ -1,0 +1,7 @@
+"""Launchers the supervisor prestarts: a waiting torchrun, a warm interpreter.
+
+Private: users rely only on what `trainer_shim` exports.
+
+    standby  a prestarted torchrun waiting for "go"
+    warm     a warm interpreter for the next attempt of SCRIPT.py
+"""

@@ -1,0 +1,359 @@
+"""The public API: `init()` returns a Run that counts steps, beats, checkpoints and resumes bit-exactly."""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Optional, Union
+
+
+from .._engine import async_save as async_save_mod
+from . import cursor, data, options, resume_prompt, rng
+from .._process import distributed
+from .._policies import divergence, provenance, save_interval
+from .._engine import restoring, retention, saving
+from .. import rundir
+from .._engine.engine import Engine, Reporter, say
+from ..errors import CollectiveTimeout, ConfigError
+from .._process.heartbeat import Heartbeat
+from .._process.hooks import ProcessHooks, record_exception
+from .._engine.loading import LoadResult, load
+from .._insight.probe import Probe
+from .._policies.provenance import script_path
+from .._policies.save_interval import DEFAULT_MTBF_HOURS
+from .._policies.save_time import SaveTimer
+from ..rundir import CheckpointKind, Phase
+
+__all__ = ["Run", "init", "load", "LoadResult"]
+
+class Run:
+    """One training process's view of its run dir. Create it with `trainer_shim.init()`."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        o = self.options = options.Options.parse(kwargs)
+        self.on_nonfinite = divergence.check_mode(o.on_nonfinite, distributed.env_int("WORLD_SIZE", 1))
+        script = script_path()
+        try:  # the product env, parsed once; a bad value is a one-line configuration error
+            env = rundir.RunEnv.from_environ(os.environ)
+            root = o.run_dir or env.run_dir or Path("runs") / (script.stem if script else "interactive")
+            root, self.env = resume_prompt.resolve(str(o.resume), Path(root).absolute(), env, say=say)
+            self.rd = rundir.ensure_run_dir(Path(root).absolute(), env.node)
+        except rundir.ContractError as e:
+            raise ConfigError(str(e)) from e
+        group = self._join_world(o.collective_timeout)
+        self.engine = eng = Engine(Reporter(self.rd, self.env.attempt), group)
+        self.sharded = options.decide_sharded(o.sharded, o.model)
+        self.allow_reshard = bool(self.env.allow_reshard if o.allow_reshard is None else o.allow_reshard)
+        self.attempt = self.env.attempt
+        # The step mark is reset before the first beat: the supervisor trusts a mark only once this
+        # attempt's heartbeat exists, so it never reads a previous attempt's step as ours.
+        self._mark = rundir.StepMark(self.rd.step_mark(self.rank))
+        # The first beat goes out before any restore work, so a slow restore is visibly "starting".
+        eng.hb = Heartbeat(self.rd.heartbeat(self.rank), rank=self.rank, attempt=self.attempt,
+                             interval=o.heartbeat_interval, node=self.rd.node)
+        eng.hb.write_now()
+        eng.saves = SaveTimer.for_run(self)
+        self.model, self.optimizer, self.scheduler, self.scaler = o.model, o.optimizer, o.scheduler, o.scaler
+        self.extra: dict[str, Any] = dict(o.extra or {})
+        self.save_every_seconds, eng.auto = save_interval.from_option(o.save_every_seconds, self.rd, o.mtbf_hours,
+                                                                      eng.hb)
+        self.skipped_steps = 0            # on_nonfinite="skip": steps not counted
+        self.fallback_dir = Path(o.fallback_dir).absolute() if o.fallback_dir else None
+        self._reset_position()
+        eng.retention = retention.Retention(self.rd, lambda: self.search_dirs, keep_last=o.keep_last,
+                                              keep_epochs=o.keep_epochs, keep_best=o.keep_best)
+        self._hooks = ProcessHooks().install(self.rd, self._on_exception, o.optimizer, self._on_optimizer_step)
+        self._stop = self._hooks.stop
+        provenance.attach(self, script, o.strict_resume)
+        eng.fast = async_save_mod.make(self, self._save, o.async_save, o.memory_every_steps)
+        self._resume()
+
+    def _resume(self) -> None:
+        if self.engine.group.world_size == 1 or self.rank == 0:
+            for d in self.search_dirs:
+                for t in rundir.tmp_dirs(d):  # abandoned writes of a killed attempt
+                    shutil.rmtree(t, ignore_errors=True)
+        self.engine.group.barrier("startup barrier")  # rank 0 has cleaned up before anyone saves
+        restoring.restore(self, self.engine.fast.before_restore() if self.engine.fast is not None else None)
+        self._mark.set(self.global_step)
+        # Second "starting" beat: the supervisor learns what was actually restored (after any fallback).
+        self.engine.hb.write_now(step=self.global_step, epoch=self.epoch, loss=self.loss,
+                           resumed_from=self.resumed_from, checkpoint_step=self.checkpoint_step)
+        self.engine.hb.start()
+        self._probe = Probe.for_run(self)  # step-boundary checks; digests and faults in doctor mode
+
+    def _reset_position(self) -> None:
+        """Where training stands (step 0 until a checkpoint is restored) and the data cursor."""
+        self.global_step = 0
+        self.epoch = 0
+        self.batch_in_epoch = 0
+        self.loss: Optional[float] = None
+        self.resumed_from: Optional[str] = None
+        self.state: dict[str, Any] = {}
+        self.checkpoint_step: Optional[int] = None
+
+        self._yielded = 0                 # batches handed out by the current training stream
+        self._stream_epoch: Optional[int] = None  # epoch whose training stream has started
+        self._stream_done = False
+        self._hb_last = -math.inf
+        self.engine.reset()
+
+    def _join_world(self, collective_timeout: float) -> Any:
+        """This process's rank and group: a world of one is a group of size one (no torch.distributed)."""
+        self.rank = distributed.env_int("RANK", 0)
+        self.world_size = distributed.env_int("WORLD_SIZE", 1)
+        if self.world_size == 1:
+            return distributed.Solo()
+        if distributed.active_world_size() != self.world_size:
+            raise ConfigError(f"WORLD_SIZE={self.world_size} but torch.distributed is not initialised with that "
+                              "world size; call torch.distributed.init_process_group() before trainer_shim.init()")
+        return distributed.Dist(collective_timeout)
+
+    # --- paths ----------------------------------------------------------------------------------
+
+    @property
+    def search_dirs(self) -> list[Path]:
+        """Checkpoint roots in restore order: the run dir's, then the fallback's."""
+        dirs = [self.rd.checkpoints]
+        if self.fallback_dir is not None:
+            dirs.append(self.fallback_dir / rundir.CHECKPOINTS)
+        return dirs
+
+    # --- the training loop API ------------------------------------------------------------------
+
+    def epochs(self, num_epochs: int) -> Iterator[int]:
+        """Yield epoch numbers from the restored one on; the epoch-end checkpoint follows each body."""
+        self.engine.stream.in_epochs = True
+        self._probe.num_epochs = num_epochs
+        try:
+            e = self.epoch
+            while e < num_epochs:
+                self.epoch = e
+                yield e
+                self._end_epoch()
+                e += 1
+        finally:
+            self.engine.stream.in_epochs = False
+
+    def batches(self, loader: Iterable) -> Iterator[Any]:
+        """Yield the epoch's batches in the interrupted run's order, skipping consumed ones unloaded.
+
+        The first run.batches() of an epoch is its training stream; later calls in the same epoch
+        (e.g. validation) pass through untouched. Without run.epochs(), a new call after the
+        previous stream was exhausted starts the next epoch.
+        """
+        if self._stream_epoch == self.epoch:
+            if not (self._stream_done and not self.engine.stream.in_epochs):
+                yield from loader
+                return
+            self._advance_epoch_counters()
+        self._stream_epoch = self.epoch
+        self._stream_done = False
+        self.engine.stream.loader = loader
+        self._probe.on_stream(loader)
+        resume = self.engine.stream.resume
+        self.engine.stream.resume = None
+        if resume is not None and resume["epoch"] == self.epoch and (
+                resume["batch_in_epoch"] > 0 or (resume.get("loader_state") is not None and data.is_stateful(loader))):
+            it, self.engine.stream.epoch_rng = cursor.resumed_iter(loader, resume)
+            self._yielded = resume["batch_in_epoch"]
+        else:
+            self.engine.stream.epoch_rng = rng.capture(data.loader_generator(loader))
+            it = iter(loader)
+            self._yielded = 0
+        while True:
+            try:
+                batch = next(it)
+            except StopIteration:
+                break
+            except Exception:
+                if self._stop.requested:
+                    # A SIGTERM sent to the whole process group also reaches DataLoader workers,
+                    # whose torch-installed handler kills them, so fetching the next batch fails.
+                    # Nothing has changed since the last run.step(): stop gracefully instead.
+                    say("the data loader failed after a stop signal (its workers got it too); stopping")
+                    self._preempt()
+                raise
+            self._yielded += 1
+            self._probe.on_batch(batch)
+            yield batch
+        self._stream_done = True
+
+    def step(self, loss: Any = None) -> None:
+        """Count one optimizer step: heartbeat when due, checkpoint when due, graceful stop if asked."""
+        if loss is not None:
+            value = loss if type(loss) is float else float(loss)
+            if value - value != 0.0 and self.on_nonfinite != "ignore":  # NaN or +-inf: x - x is NaN for both
+                if divergence.nonfinite(self, value):
+                    return   # on_nonfinite="skip": the step is not counted
+            self.loss = value
+        self.global_step += 1
+        self._mark.set(self.global_step)
+        self.batch_in_epoch = self._yielded if self._stream_epoch == self.epoch else self.batch_in_epoch + 1
+        self.engine.dirty = False
+        now = time.monotonic()
+        if now - self._hb_last >= self.options.heartbeat_interval:
+            self._hb_last = now
+            f = self.engine.hb.fields
+            f["step"] = self.global_step
+            f["epoch"] = self.epoch
+            f["loss"] = self.loss
+            f["phase"] = "training"
+            self.engine.hb.request()
+        every = self.options.save_every_steps
+        timed = self.save_every_seconds is not None and now - self.engine.last_save_t >= self.save_every_seconds
+        stop = self._stop.requested
+        # Every rank must save, and stop, at the same step: one MAX all-reduce of both flags.
+        stop, timed = self.engine.group.agree(stop, timed)
+        if self.engine.fast is not None:
+            self.engine.fast.on_step(bool((every and self.global_step % every == 0) or timed))
+        elif (every and self.global_step % every == 0) or timed:
+            self._save(CheckpointKind.STEP)
+            save_interval.tune(self, time.monotonic() - now)
+        self._probe.on_step()
+        if stop:
+            self._preempt()
+
+    def heartbeat(self) -> None:
+        """An explicit liveness beat for long non-step work (validation); rate-limited like step()."""
+        now = time.monotonic()
+        if now - self._hb_last >= self.options.heartbeat_interval:
+            self._hb_last = now
+            self.engine.hb.fields.update(step=self.global_step, epoch=self.epoch, loss=self.loss, phase="training")
+            self.engine.hb.request()
+        if self._stop.requested and self.engine.group.world_size == 1:  # multi-rank: the stop is agreed at run.step()
+            self._preempt()
+
+    def save(self) -> Optional[Path]:
+        """Checkpoint now (kind step); returns the checkpoint dir, or None if the save failed."""
+        t0 = time.monotonic()
+        path = self._save(CheckpointKind.STEP)
+        save_interval.tune(self, time.monotonic() - t0)
+        return path
+
+    def finish(self) -> None:
+        """Final checkpoint and the `finished` heartbeat; the run dir is left ready for inspection."""
+        if self.engine.finished:
+            return
+        final = self._save(CheckpointKind.FINAL)
+        self.engine.finished = True
+        if self.engine.fast is not None:  # the newest state is on disk now: the memory slots can go
+            self.engine.fast.close(free=final is not None)
+        self.engine.retention.join()  # a finished run leaves no trash behind
+        self.engine.hb.stop()
+        self._mark.close()
+        self.engine.hb.write_now(phase=Phase.FINISHED.value, step=self.global_step, epoch=self.epoch,
+                           loss=self.loss, checkpoint_step=self.checkpoint_step)
+
+    # --- epochs -------------------------------------------------------------------------------
+
+    def _advance_epoch_counters(self) -> None:
+        self.epoch += 1
+        self.batch_in_epoch = 0
+        self._yielded = 0
+        self._stream_epoch = None
+        self.engine.stream.epoch_rng = None
+
+    def _end_epoch(self) -> None:
+        self._advance_epoch_counters()
+        self.engine.hb.fields["epoch"] = self.epoch
+        if self.options.save_on_epoch_end:
+            self._save(CheckpointKind.EPOCH)
+        self._probe.on_epoch_end()
+        stop = self._stop.requested
+        stop, _ = self.engine.group.agree(stop, False)
+        if stop:
+            self._preempt()
+
+    # --- saving -------------------------------------------------------------------------------
+
+    def _on_optimizer_step(self, *args: Any, **kwargs: Any) -> None:
+        self.engine.dirty = True
+
+    def _save(self, kind: CheckpointKind, exact: bool = True) -> Optional[Path]:
+        """Save at the current step (one protocol for 1..N ranks, see `saving`) unless the step
+        already has a checkpoint; storage failures never raise. Every rank calls it at the same step."""
+        if self.engine.fast is not None:
+            self.engine.fast.drain()  # a synchronous save comes after the background one in flight
+        self.engine.last_save_t = time.monotonic()
+        self.engine.hb.fields.update(step=self.global_step, epoch=self.epoch, loss=self.loss)
+        self.engine.hb.begin_save()
+        try:
+            with self.engine.saves.stall(kind):
+                try:
+                    outcome = saving.save(self, kind, exact)
+                except CollectiveTimeout as e:
+                    if self.rank == 0:
+                        self.engine.reporter.checkpoint_failed(self.rd.checkpoints, self.global_step, str(e))
+                    say(f"error: {e}; exiting (the supervisor resumes from the newest complete checkpoint)")
+                    raise
+                if outcome.committed:  # not when an existing checkpoint stands for the step
+                    self.engine.last_size = outcome.nbytes
+                    self.checkpoint_step = self.engine.retention.committed_step = self.global_step
+            return outcome.path if outcome.error is None else None
+        finally:
+            self.engine.last_save_t = time.monotonic()
+            self.engine.hb.end_save(checkpoint_step=self.checkpoint_step)
+
+    # --- stopping and crashing ----------------------------------------------------------------
+
+    def _preempt(self) -> None:
+        path = self._save(CheckpointKind.PREEMPT)
+        if self.engine.fast is not None:  # without a supervisor nobody else would free the slots
+            self.engine.fast.close(free=path is not None and self.env.run_dir is None)
+        self.engine.hb.stop()
+        self._mark.close()
+        self.engine.hb.write_now(phase=Phase.STOPPING.value, step=self.global_step, epoch=self.epoch,
+                           loss=self.loss, checkpoint_step=self.checkpoint_step)
+        say(f"stop requested (signal {self._stop.signum}); checkpoint at step {self.global_step}; "
+             f"exiting {rundir.EXIT_PREEMPTED}")
+        self.engine.group.destroy()
+        sys.exit(rundir.EXIT_PREEMPTED)
+
+    def _on_exception(self, tp: type, value: BaseException, tb: Optional[TracebackType]) -> None:
+        record_exception(self.rd, self.attempt, self.rank if self.engine.group.world_size > 1 else 0, tp, value, tb,
+                         step=self.global_step)
+        if self.engine.finished:
+            return
+        if self.engine.fast is not None:
+            self.engine.fast.drain()  # the in-flight save commits before anything else is decided
+        why_not = saving.no_emergency_reason(self)
+        if why_not is not None:
+            say(f"no emergency checkpoint: {why_not}")
+            return
+        path = self._save(CheckpointKind.EMERGENCY, exact=False)
+        if path is not None:
+            say(f"emergency checkpoint (inexact, not auto-resumed) at {path}")
+
+
+def init(*, model: Any = None, optimizer: Any = None, scheduler: Any = None, scaler: Any = None,
+         extra: Optional[dict] = None, run_dir: Optional[options.PathLike] = None,
+         save_every_steps: Optional[int] = None, save_every_seconds: Optional[Union[float, str]] = None,
+         save_on_epoch_end: bool = True, keep_last: int = 3, keep_epochs: int = 10, keep_best: int = 1,
+         fallback_dir: Optional[options.PathLike] = None, min_free_bytes: Optional[int] = None,
+         heartbeat_interval: float = 1.0, resume_emergency: bool = False, collective_timeout: float = 300.0,
+         sharded: Optional[bool] = None, allow_reshard: Optional[bool] = None, on_nonfinite: str = "raise",
+         resume: Union[str, options.PathLike] = "auto", strict_resume: bool = False,
+         mtbf_hours: float = DEFAULT_MTBF_HOURS,
+         async_save: bool = False, memory_every_steps: Optional[int] = None) -> Run:
+    """Create the Run: first heartbeat, then restore the requested or newest valid checkpoint.
+
+    model, optimizer, scheduler, scaler, extra: what a checkpoint holds (extra: name -> object with
+    state_dict()/load_state_dict()); run_dir: defaults to $RESILIENT_RUN_DIR or runs/<script>;
+    save_every_steps / save_every_seconds (seconds or "auto": Young/Daly) / save_on_epoch_end: when
+    to checkpoint; keep_last / keep_epochs / keep_best: rotation; fallback_dir: a second root when
+    the first cannot take a save; min_free_bytes: headroom kept free; heartbeat_interval: seconds
+    between beats; resume_emergency: also resume from inexact emergency checkpoints;
+    collective_timeout: seconds a multi-rank collective may take; sharded: DCP for FSDP2/DTensor
+    (None: detect); allow_reshard: resume a sharded checkpoint at another world size (None: env);
+    on_nonfinite: "raise", "skip" or "ignore" a NaN/inf loss; resume: "auto", "ask", "never" or a path;
+    strict_resume: refuse a checkpoint of other code/args; mtbf_hours: the "auto" interval's prior;
+    async_save / memory_every_steps: background saves and /dev/shm snapshots.
+    """
+    return Run(**locals())

@@ -1,0 +1,9 @@
+"""Judgements on a running job: divergence, provenance, when to save.
+
+Private: users rely only on what `trainer_shim` exports.
+
+    divergence     on_nonfinite: a NaN loss ends the attempt before it is saved
+    provenance     git/args of a checkpoint and strict resume
+    save_interval  save_every_seconds="auto" (Young/Daly)
+    save_time      the training stall of every save, told to the run dir
+"""

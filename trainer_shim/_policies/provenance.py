@@ -1,0 +1,129 @@
+"""Where the training code came from, and whether a resume comes from the same place.
+
+The script's path and git commit/dirty state, and a hash of the script's arguments and config,
+are recorded in every manifest. The args hash covers sys.argv[1:] and the bytes of every argument
+that names an existing config file (.yaml/.yml/.json/.toml/.cfg/.ini), so an edited config file
+counts as a change although the argv is the same. On resume a difference is one warning line and
+a `resume_mismatch` event; with RESILIENT_STRICT_RESUME=1 (`resilient-run --strict-resume`) or
+init(strict_resume=True) it is a refusal: the process exits EXIT_REFUSED (2, not retried by the
+supervisor) before training.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from .. import rundir
+from .._process.hooks import write_error_record
+from ..rundir import EXIT_REFUSED, RESUME_REFUSED_ERROR_TYPE, Event, RunEnv
+
+__all__ = ["script_path", "git_info", "args_hash", "differences", "check_resume", "strict_from_env", "attach"]
+
+
+def script_path() -> Optional[Path]:
+    main = sys.modules.get("__main__")
+    f = getattr(main, "__file__", None) or (sys.argv[0] if sys.argv and sys.argv[0] not in ("", "-c") else None)
+    return Path(f).resolve() if f else None
+
+
+def git_info(directory: Optional[Path], timeout: float = 2.0) -> tuple[Optional[str], Optional[bool]]:
+    """(commit, dirty) of the repository containing `directory`; (None, None) when not a repo."""
+    if directory is None:
+        return None, None
+    try:
+        head = subprocess.run(["git", "-C", str(directory), "rev-parse", "HEAD"], capture_output=True,
+                              text=True, timeout=timeout)
+        if head.returncode != 0:
+            return None, None
+        commit = head.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None, None
+    try:
+        st = subprocess.run(["git", "-C", str(directory), "status", "--porcelain", "--untracked-files=no"],
+                            capture_output=True, text=True, timeout=timeout)
+        dirty: Optional[bool] = bool(st.stdout.strip()) if st.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        dirty = None
+    return commit, dirty
+
+
+CONFIG_SUFFIXES = (".yaml", ".yml", ".json", ".toml", ".cfg", ".ini")
+
+
+def args_hash(argv: Optional[Sequence[str]] = None) -> str:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    h = rundir.new_hasher()
+    h.update(json.dumps(argv).encode())
+    for a in argv:
+        for cand in (a, a.split("=", 1)[-1]):
+            if cand.endswith(CONFIG_SUFFIXES) and os.path.isfile(cand):
+                try:
+                    h.update(Path(cand).read_bytes())
+                except OSError:
+                    pass
+                break
+    return h.hexdigest()
+
+
+def differences(manifest: Any, *, git_commit: Optional[str], git_dirty: Optional[bool], args: Optional[str]) -> dict:
+    """{field: [checkpoint's, now]} for each known-on-both-sides field that differs."""
+    out = {}
+    for name, now in (("git_commit", git_commit), ("git_dirty", git_dirty), ("args_hash", args)):
+        then = getattr(manifest, name, None)
+        if then is not None and now is not None and then != now:
+            out[name] = [then, now]
+    return out
+
+
+def strict_from_env(env: Optional[RunEnv] = None) -> bool:
+    """Whether the supervisor asked for strict resume; `env` defaults to this process's environment.
+    `false`/`0`/`no`/`off` mean off (a bare `not in ("", "0")` test once turned `false` on)."""
+    env = env if env is not None else RunEnv.from_environ(os.environ)
+    return bool(env.strict_resume)
+
+
+def _describe(diff: dict) -> str:
+    parts = []
+    for name, (then, now) in diff.items():
+        if name == "git_commit":
+            parts.append(f"git commit {then[:12]} -> {now[:12]}")
+        elif name == "git_dirty":
+            parts.append(f"working tree {'dirty' if then else 'clean'} -> {'dirty' if now else 'clean'}")
+        else:
+            parts.append("arguments/config changed")
+    return ", ".join(parts)
+
+
+def attach(run: Any, script: Optional[Path], strict_resume: bool) -> None:
+    """Give `run` what its checkpoints record of where they came from, and the resume rule."""
+    run.git_commit, run.git_dirty = git_info(script.parent if script else None)
+    run.args_hash, run.strict_resume = args_hash(), bool(strict_resume) or strict_from_env(run.env)
+    run.engine.provenance = {"git_commit": run.git_commit, "git_dirty": run.git_dirty, "args_hash": run.args_hash}
+
+
+def check_resume(run: Any, path: Path, manifest: Any, strict: bool) -> None:
+    """Warn (or refuse, exit 2) when the resumed checkpoint's provenance differs from this process's."""
+    diff = differences(manifest, git_commit=run.git_commit, git_dirty=run.git_dirty, args=run.args_hash)
+    if not diff:
+        return
+    if run.rank == 0:
+        run.engine.event(Event.RESUME_MISMATCH, path=str(path), differences=diff, strict=strict)
+    what = _describe(diff)
+    if not strict:
+        sys.stderr.write(f"trainer_shim: warning: resuming {path.name} written with different provenance: {what}\n")
+        sys.stderr.flush()
+        return
+    msg = (f"refusing to resume {path}: {what} (--strict-resume); restore the original code/arguments, "
+           "or resume without --strict-resume")
+    write_error_record(run.rd, run.attempt, run.rank if run.world_size > 1 else 0, rundir.ErrorRecord(
+        type=RESUME_REFUSED_ERROR_TYPE, message=msg, step=manifest.global_step, time=rundir.now_iso()))
+    sys.stderr.write(f"trainer_shim: {msg}\n")
+    sys.stderr.flush()
+    run.engine.finished = True
+    run.engine.hb.stop()
+    os._exit(EXIT_REFUSED)

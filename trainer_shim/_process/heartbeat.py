@@ -1,0 +1,104 @@
+"""Heartbeat file writer: the training loop only stamps fields; a background thread does the I/O.
+
+Liveness is judged by the supervisor from `seq` changes, so this thread never beats on its
+own while training (a hung loop must go stale). The one exception is a running save: it then
+beats every interval, but only if save_bytes advanced (a stuck save goes stale too).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Optional
+
+from .. import rundir
+from ..rundir import HeartbeatRecord, Phase
+
+
+class Heartbeat:
+    """Owns heartbeats/rank-<R>.json for this process."""
+
+    def __init__(self, path: Path, *, rank: int, attempt: int, interval: float, node: Optional[int] = None) -> None:
+        self.path = Path(path)
+        self.interval = max(0.0, float(interval))
+        # The fields the loop stamps; every write goes through HeartbeatRecord, so a key the
+        # contract does not know fails here, in the shim's tests, not silently in the supervisor.
+        # `node` is set only in a multi-node job: a node's supervisor judges only its own ranks.
+        self.fields: dict[str, Any] = HeartbeatRecord(pid=os.getpid(), rank=rank, attempt=attempt, node=node).to_json()
+        self.save_bytes = 0          # bumped by the checkpoint writer, read by the thread
+        self._saving = False
+        self._last_bytes = 0
+        self._lock = threading.Lock()  # serialises file writes and seq
+        self._wake = threading.Event()
+        self._stop = False
+        self._warned = False
+        self._thread: Optional[threading.Thread] = None
+
+    # --- main-thread side ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="trainer_shim-heartbeat", daemon=True)
+        self._thread.start()
+
+    def request(self) -> None:
+        """Ask the writer thread for one beat with the current fields (never blocks)."""
+        self._wake.set()
+
+    def write_now(self, **fields: Any) -> None:
+        """Synchronous beat, for phases that must be on disk before we go on (starting, stopping, finished)."""
+        self.fields.update(fields)
+        self._write()
+
+    def begin_save(self) -> None:
+        self.save_bytes = 0
+        self._last_bytes = 0
+        self.fields["save_bytes"] = 0
+        self.fields["phase"] = Phase.SAVING.value
+        self._saving = True
+        self._write()
+
+    def end_save(self, **fields: Any) -> None:
+        self._saving = False
+        self.fields.update(fields)
+        self.fields["phase"] = Phase.TRAINING.value
+        self.fields["save_bytes"] = self.save_bytes
+        self._write()
+
+    def stop(self) -> None:
+        self._stop = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2.0)
+
+    # --- writer thread ------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        # Wakes every interval, but outside a save a timeout never writes anything.
+        while not self._stop:
+            woke = self._wake.wait(timeout=self.interval or 1.0)
+            if self._stop:
+                return
+            if woke:
+                self._wake.clear()
+                self._write()
+            elif self._saving:
+                cur = self.save_bytes
+                if cur != self._last_bytes:
+                    self._last_bytes = cur
+                    self.fields["save_bytes"] = cur
+                    self._write()
+
+    def _write(self) -> None:
+        with self._lock:
+            self.fields["seq"] += 1
+            self.fields["time"] = rundir.now_iso()
+            rec = HeartbeatRecord(**self.fields).to_json()
+            try:
+                rundir.atomic_write_json(self.path, rec, durable=False)
+            except OSError as e:
+                # A lost heartbeat must never stop training; say so once.
+                if not self._warned:
+                    self._warned = True
+                    print(f"trainer_shim: warning: cannot write heartbeat {self.path}: {e}", file=sys.stderr)
