@@ -86,20 +86,31 @@ class Snapshot:
     background: bool = False  # committed by the async writer thread (its failures say so)
 
 
-def to_cpu(obj: Any) -> Any:
-    """Copy device tensors to CPU (they may change under an async GPU stream); CPU ones by reference."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu", copy=True) if obj.device.type != "cpu" else obj.detach()
+def map_leaves(obj: Any, fn: Callable[[Any], Any]) -> Any:
+    """`obj` with `fn` applied to every leaf of its dicts, lists and tuples; the one walk over a state.
+
+    A rebuilt dict keeps the `_metadata` that `load_state_dict` consults (module versions)."""
     if isinstance(obj, dict):
-        new = type(obj)((k, to_cpu(v)) for k, v in obj.items())
-        if hasattr(obj, "_metadata"):  # module versions that load_state_dict consults
+        new = type(obj)((k, map_leaves(v, fn)) for k, v in obj.items())
+        if hasattr(obj, "_metadata"):
             new._metadata = obj._metadata  # type: ignore[attr-defined]
         return new
     if isinstance(obj, list):
-        return [to_cpu(v) for v in obj]
+        return [map_leaves(v, fn) for v in obj]
     if isinstance(obj, tuple):
-        return tuple(to_cpu(v) for v in obj)
+        return tuple(map_leaves(v, fn) for v in obj)
+    return fn(obj)
+
+
+def _cpu_leaf(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True) if obj.device.type != "cpu" else obj.detach()
     return obj
+
+
+def to_cpu(obj: Any) -> Any:
+    """Copy device tensors to CPU (they may change under an async GPU stream); CPU ones by reference."""
+    return map_leaves(obj, _cpu_leaf)
 
 
 _PLAIN = (int, float, str, bool, type(None))
@@ -217,18 +228,11 @@ def load_file(ckpt_dir: Path, fname: str, into: Any = None) -> Any:
 
 def _fill(obj: Any, tensors: list) -> Any:
     """Replace TENSOR_REF markers by tensors[i]."""
-    if isinstance(obj, str) and obj.startswith(rundir.TENSOR_REF):
-        return tensors[int(obj[len(rundir.TENSOR_REF):])]
-    if isinstance(obj, dict):
-        new = type(obj)((k, _fill(v, tensors)) for k, v in obj.items())
-        if hasattr(obj, "_metadata"):
-            new._metadata = obj._metadata  # type: ignore[attr-defined]
-        return new
-    if isinstance(obj, list):
-        return [_fill(v, tensors) for v in obj]
-    if isinstance(obj, tuple):
-        return tuple(_fill(v, tensors) for v in obj)
-    return obj
+    def leaf(v: Any) -> Any:
+        if isinstance(v, str) and v.startswith(rundir.TENSOR_REF):
+            return tensors[int(v[len(rundir.TENSOR_REF):])]
+        return v
+    return map_leaves(obj, leaf)
 
 
 def raw_covered(files: dict[str, FileEntry]) -> list[str]:

@@ -43,19 +43,12 @@ class SlotError(ShimError):
 
 def split(obj: Any, out: list) -> Any:
     """The skeleton of `obj` with every tensor moved to `out` and replaced by its marker."""
-    if isinstance(obj, torch.Tensor):
-        out.append(obj)
-        return f"{rundir.TENSOR_REF}{len(out) - 1}"
-    if isinstance(obj, dict):
-        new = type(obj)((k, split(v, out)) for k, v in obj.items())
-        if hasattr(obj, "_metadata"):
-            new._metadata = obj._metadata  # type: ignore[attr-defined]
-        return new
-    if isinstance(obj, list):
-        return [split(v, out) for v in obj]
-    if isinstance(obj, tuple):
-        return tuple(split(v, out) for v in obj)
-    return obj
+    def leaf(v: Any) -> Any:
+        if isinstance(v, torch.Tensor):
+            out.append(v)
+            return f"{rundir.TENSOR_REF}{len(out) - 1}"
+        return v
+    return ckpt.map_leaves(obj, leaf)
 
 
 def _layout(tensors: list) -> list:
