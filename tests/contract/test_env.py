@@ -115,3 +115,9 @@ def test_the_shim_honours_strict_resume_words(tmp_path, word: str, want: str) ->
     p = subprocess.run([sys.executable, "-c", _SHOW_STRICT, str(tmp_path / "run")], cwd=REPO, capture_output=True,
                        text=True, timeout=120, env=child_env(**{ENV_STRICT_RESUME: word}))
     assert p.returncode == 0 and p.stdout.split() == [want], p.stderr[-2000:]
+
+
+def test_launcher_env_reads_torchrun_and_falls_back_to_one_process() -> None:
+    got = env_module.LauncherEnv.from_environ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"})
+    assert (got.rank, got.world_size, got.local_world_size) == (1, 2, 2)
+    assert env_module.LauncherEnv.from_environ({"WORLD_SIZE": "", "RANK": "x"}) == env_module.LauncherEnv()

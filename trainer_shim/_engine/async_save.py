@@ -362,7 +362,7 @@ def make(run: Trained, save_now: Callable[[CheckpointKind], Any], async_save: bo
         say("warning: async_save/memory_every_steps are not supported for sharded (DCP) saves yet; "
              "this run saves synchronously")
         return None
-    if memory_every and run.world_size > 1 and distributed.env_int("LOCAL_WORLD_SIZE", 0) != run.world_size:
+    if memory_every and run.world_size > 1 and run.launcher.local_world_size != run.world_size:
         # Another node's ranks keep their slots in their own /dev/shm: no process sees a whole snapshot.
         say("warning: memory_every_steps is single-node only; memory snapshots are off for this run")
         memory_every = None

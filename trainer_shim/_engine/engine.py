@@ -107,6 +107,7 @@ class Trained(Protocol):
     engine: Engine
     rd: rundir.RunDir
     env: rundir.RunEnv
+    launcher: rundir.LauncherEnv
     options: Any
     rank: int
     world_size: int

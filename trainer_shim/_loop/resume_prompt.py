@@ -77,7 +77,7 @@ def resolve(resume: str, root: Path, env: rundir.RunEnv, *, stdin: TextIO = sys.
             say: Callable[[str], None] = print) -> tuple[Path, rundir.RunEnv]:
     """(the run dir to use, the env with an explicit PATH as its resume_from). Standalone runs only."""
     supervised = env.resume_from is not None
-    world_size = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    world_size = rundir.LauncherEnv.from_environ(os.environ).world_size
     if supervised or resume == "auto":
         return root, env
     if resume not in MODES:

@@ -37,7 +37,8 @@ class Run:
 
     def __init__(self, **kwargs: Any) -> None:
         o = self.options = options.Options.parse(kwargs)
-        self.on_nonfinite = divergence.check_mode(o.on_nonfinite, distributed.env_int("WORLD_SIZE", 1))
+        self.launcher = rundir.LauncherEnv.from_environ(os.environ)
+        self.on_nonfinite = divergence.check_mode(o.on_nonfinite, self.launcher.world_size)
         script = script_path()
         try:  # the product env, parsed once; a bad value is a one-line configuration error
             env = rundir.RunEnv.from_environ(os.environ)
@@ -106,8 +107,7 @@ class Run:
 
     def _join_world(self, collective_timeout: float) -> Any:
         """This process's rank and group: a world of one is a group of size one (no torch.distributed)."""
-        self.rank = distributed.env_int("RANK", 0)
-        self.world_size = distributed.env_int("WORLD_SIZE", 1)
+        self.rank, self.world_size = self.launcher.rank, self.launcher.world_size
         if self.world_size == 1:
             return distributed.Solo()
         if distributed.active_world_size() != self.world_size:

@@ -13,7 +13,6 @@ the attempt from the newest complete checkpoint.
 from __future__ import annotations
 
 import datetime
-import os
 from typing import Any
 
 import torch
@@ -21,15 +20,7 @@ import torch.distributed as dist
 
 from ..errors import CollectiveTimeout, WorldSizeMismatch
 
-__all__ = ["Dist", "Solo", "env_int", "CollectiveTimeout", "WorldSizeMismatch", "active_world_size"]
-
-
-def env_int(name: str, default: int) -> int:
-    """RANK / WORLD_SIZE as torchrun sets them; a missing or malformed value means a single process."""
-    try:
-        return int(os.environ.get(name, default))
-    except ValueError:
-        return default
+__all__ = ["Dist", "Solo", "CollectiveTimeout", "WorldSizeMismatch", "active_world_size"]
 
 
 def active_world_size() -> int:

@@ -10,7 +10,8 @@ One module per idea:
 
     errors     ShimError (the root of every shim error), ContractError (the contract's base),
                InvalidCheckpoint, EnvError
-    env        every RESILIENT_* name; RunEnv (the product environment, parsed once), parse_bool
+    env        every RESILIENT_* name; RunEnv (the product environment, parsed once), parse_bool;
+               LauncherEnv (what torchrun sets)
     exits      every exit code: the trainer's (preempted, diverged, refused, crash) and the commands'
     kinds      Kind (how an attempt ended), the error-record types that name a kind
     layout     RunDir (every path), file-name builders and parsers, ensure_run_dir
@@ -57,7 +58,7 @@ from .clock import iso_at, now_iso
 from .doctor import FAULT_KILL, FAULT_RAISE, MARK_BATCH, MARK_EPOCH, MARK_STEP, parse_faults
 from .env import (
     ENV_ALLOW_RESHARD, ENV_ATTEMPT, ENV_DOCTOR, ENV_DOCTOR_FAULTS, ENV_DOCTOR_STEPS, ENV_LAST_FAILURE, ENV_NAMES,
-    ENV_NODE, ENV_RESUME_FROM, ENV_RUN_DIR, ENV_STRICT_RESUME, RESUME_NONE, RunEnv, parse_bool,
+    ENV_NODE, ENV_RESUME_FROM, ENV_RUN_DIR, ENV_STRICT_RESUME, RESUME_NONE, RunEnv, LauncherEnv, parse_bool,
 )
 from .errors import ContractError, EnvError, InvalidCheckpoint, ShimError
 from .events import (
@@ -103,7 +104,7 @@ __all__ = [
     # environment
     "ENV_RUN_DIR", "ENV_ATTEMPT", "ENV_RESUME_FROM", "ENV_LAST_FAILURE", "ENV_ALLOW_RESHARD", "ENV_NODE",
     "ENV_STRICT_RESUME", "ENV_DOCTOR", "ENV_DOCTOR_FAULTS", "ENV_DOCTOR_STEPS", "ENV_NAMES",
-    "RESUME_NONE", "RunEnv", "parse_bool",
+    "RESUME_NONE", "RunEnv", "LauncherEnv", "parse_bool",
     # exit codes
     "EXIT_OK", "EXIT_CRASH", "EXIT_REFUSED", "EXIT_DIVERGED", "EXIT_PREEMPTED", "EXIT_GAVE_UP", "EXIT_USAGE",
     "EXIT_LOCKED", "EXIT_STOPPED", "EXIT_SUPERVISOR_GONE", "EXIT_EXACT", "EXIT_NOT_EXACT", "EXIT_DOCTOR_FAILED",

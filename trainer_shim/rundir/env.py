@@ -19,7 +19,7 @@ from .errors import EnvError
 __all__ = [
     "ENV_RUN_DIR", "ENV_ATTEMPT", "ENV_RESUME_FROM", "ENV_LAST_FAILURE", "ENV_ALLOW_RESHARD", "ENV_NODE",
     "ENV_STRICT_RESUME", "ENV_DOCTOR", "ENV_DOCTOR_FAULTS", "ENV_DOCTOR_STEPS", "ENV_NAMES",
-    "RESUME_NONE", "RunEnv", "parse_bool",
+    "RESUME_NONE", "RunEnv", "parse_bool", "LauncherEnv",
 ]
 
 ENV_RUN_DIR = "RESILIENT_RUN_DIR"
@@ -119,3 +119,23 @@ class RunEnv:
             doctor_faults=_parse_faults(environ.get(ENV_DOCTOR_FAULTS)),
             doctor_steps=_parse_int(ENV_DOCTOR_STEPS, environ.get(ENV_DOCTOR_STEPS), minimum=1),
         )
+
+
+@dataclasses.dataclass(frozen=True)
+class LauncherEnv:
+    """What torchrun sets for each worker, read here with the product env so that every environment
+    read of the shim lives in this module. A missing or malformed value means one process, as when
+    the script runs alone."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_world_size: int = 0   # 0: not launched by torchrun
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str]) -> "LauncherEnv":
+        def num(name: str, default: int) -> int:
+            try:
+                return int(environ.get(name, default))
+            except ValueError:
+                return default
+        return cls(num("RANK", 0), num("WORLD_SIZE", 1), num("LOCAL_WORLD_SIZE", 0))
