@@ -15,6 +15,7 @@ Trained       what the engine reads and sets on the training side (a Run is one)
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 import time
 from pathlib import Path
@@ -99,6 +100,17 @@ class Engine:
         self.live_state_changed = False
         self.dirty = False
         self.finished = False
+
+    def exit_now(self, code: int) -> None:
+        """End the process with `code` at once, its error record already written: os._exit, so that no
+        atexit/excepthook path saves the state (diverged, or refused); DDP peers see the rank go."""
+        self.finished = True
+        self.hb.stop()
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
 
 
 class Trained(Protocol):

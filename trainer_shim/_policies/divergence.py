@@ -18,8 +18,6 @@ always did for the heartbeat (a tensor pays the same single device sync it paid 
 from __future__ import annotations
 
 import math
-import os
-import sys
 import traceback
 from typing import Any
 
@@ -71,14 +69,7 @@ def stop_diverged(run: Any, value: float) -> None:
     if run.rank == 0:
         run.engine.event(Event.DIVERGED, step=step, loss=repr(value), resumed_from=run.resumed_from)
     say(msg)
-    run.engine.finished = True   # no emergency checkpoint of the bad state from any exit path
-    run.engine.hb.stop()
-    try:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    finally:
-        # os._exit: no atexit/excepthook path may save the diverged state; DDP peers see the rank go.
-        os._exit(EXIT_DIVERGED)
+    run.engine.exit_now(EXIT_DIVERGED)   # no emergency checkpoint of the bad state from any exit path
 
 
 def note_skip(run: Any, value: float) -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from .. import rundir
+from .._engine.engine import say
 from .._process.hooks import write_error_record
 from ..rundir import EXIT_REFUSED, RESUME_REFUSED_ERROR_TYPE, Event, RunEnv
 
@@ -115,15 +116,11 @@ def check_resume(run: Any, path: Path, manifest: Any, strict: bool) -> None:
         run.engine.event(Event.RESUME_MISMATCH, path=str(path), differences=diff, strict=strict)
     what = _describe(diff)
     if not strict:
-        sys.stderr.write(f"trainer_shim: warning: resuming {path.name} written with different provenance: {what}\n")
-        sys.stderr.flush()
+        say(f"warning: resuming {path.name} written with different provenance: {what}")
         return
     msg = (f"refusing to resume {path}: {what} (--strict-resume); restore the original code/arguments, "
            "or resume without --strict-resume")
     write_error_record(run.rd, run.attempt, run.rank if run.world_size > 1 else 0, rundir.ErrorRecord(
         type=RESUME_REFUSED_ERROR_TYPE, message=msg, step=manifest.global_step, time=rundir.now_iso()))
-    sys.stderr.write(f"trainer_shim: {msg}\n")
-    sys.stderr.flush()
-    run.engine.finished = True
-    run.engine.hb.stop()
-    os._exit(EXIT_REFUSED)
+    say(msg)
+    run.engine.exit_now(EXIT_REFUSED)
