@@ -8,12 +8,12 @@ beats every interval, but only if save_bytes advanced (a stuck save goes stale t
 from __future__ import annotations
 
 import os
-import sys
 import threading
 from pathlib import Path
 from typing import Any, Optional
 
 from .. import rundir
+from .._engine.engine import say
 from ..rundir import HeartbeatRecord, Phase
 
 
@@ -101,4 +101,4 @@ class Heartbeat:
                 # A lost heartbeat must never stop training; say so once.
                 if not self._warned:
                     self._warned = True
-                    print(f"trainer_shim: warning: cannot write heartbeat {self.path}: {e}", file=sys.stderr)
+                    say(f"warning: cannot write heartbeat {self.path}: {e}")

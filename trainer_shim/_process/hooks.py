@@ -14,12 +14,12 @@ torchrun rank's tie to torchrun (it must never outlive its launcher).
 from __future__ import annotations
 
 import os
-import sys
 import traceback
 from types import TracebackType
 from typing import Any, Callable, Optional
 
 from . import signals
+from .._engine.engine import say
 from ..rundir import ErrorRecord, RunDir, atomic_write_json, now_iso
 
 __all__ = ["ProcessHooks", "write_error_record", "record_exception"]
@@ -65,7 +65,7 @@ class ProcessHooks:
             try:
                 undo()
             except (ValueError, RuntimeError) as e:   # e.g. signal handlers off the main thread
-                print(f"trainer_shim: warning: cannot remove a hook: {e}", file=sys.stderr)
+                say(f"warning: cannot remove a hook: {e}")
         if _active is self:
             _active = None
 
@@ -77,7 +77,7 @@ def write_error_record(rd: RunDir, attempt: int, rank: int, record: ErrorRecord)
     try:
         atomic_write_json(path, record.to_json())
     except OSError as e:
-        print(f"trainer_shim: warning: cannot write {path}: {e}", file=sys.stderr, flush=True)
+        say(f"warning: cannot write {path}: {e}")
 
 
 def record_exception(rd: RunDir, attempt: int, rank: int, tp: type, value: BaseException,
