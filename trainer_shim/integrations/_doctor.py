@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from .._insight.probe import DoctorLog, digest, state_digests
+from ..rundir import RunEnv
 
 __all__ = ["FrameworkDoctor"]
 
@@ -20,9 +21,10 @@ class FrameworkDoctor:
         self.attempt = attempt
 
     @classmethod
-    def from_env(cls, attempt: Optional[int]) -> Optional["FrameworkDoctor"]:
-        log = DoctorLog.from_env()
-        return cls(log, attempt) if log is not None else None
+    def from_env(cls, env: RunEnv) -> Optional["FrameworkDoctor"]:
+        """Doctor mode as the session's parsed environment says (None outside doctor mode)."""
+        log = DoctorLog.from_env(env)
+        return cls(log, env.attempt) if log is not None else None
 
     def on_step(self, step: int, model: Any, stateful: dict[str, Any], *, loss: Optional[float] = None,
                 epoch: Any = None, batch: Any = None, rank: int = 0) -> bool:

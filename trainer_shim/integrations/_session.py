@@ -36,8 +36,9 @@ def product_env() -> RunEnv:
 class Session:
     """One training process's side of the run dir (rank 0 of a single-process job)."""
 
-    def __init__(self, run_dir: Path, *, heartbeat_interval: float = 1.0, keep_last: int = 3) -> None:
-        self.env = product_env()
+    def __init__(self, run_dir: Path, *, heartbeat_interval: float = 1.0, keep_last: int = 3,
+                 env: Optional[RunEnv] = None) -> None:
+        self.env = env if env is not None else product_env()
         self.rd = rundir.ensure_run_dir(run_dir)
         self.attempt = self.env.attempt
         self._rotation_roots: list[Path] = []
@@ -60,6 +61,13 @@ class Session:
         self._before_eval = Phase.STARTING.value
 
     # --- heartbeats ----------------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, run_dir: Optional[os.PathLike | str], default_root: os.PathLike | str, **kwargs: Any) -> "Session":
+        """This process's session: the supervisor's run dir ($RESILIENT_RUN_DIR) first, then the
+        callback's `run_dir=`, then where the framework writes by default."""
+        env = product_env()
+        return cls(Path(env.run_dir or run_dir or default_root), env=env, **kwargs)
 
     def beat(self, step: int, epoch: int, phase: str = Phase.TRAINING.value, loss: Any = None) -> None:
         """Stamp the fields every step; the file is written at most once per heartbeat interval

@@ -26,7 +26,7 @@ from transformers import TrainerCallback
 from .. import rundir
 from ..rundir import CheckpointKind, Manifest, Phase, hf_checkpoint_name, read_extra_roots, record_extra_root
 from ._doctor import FrameworkDoctor
-from ._session import Session, product_env, say
+from ._session import Session, say
 
 __all__ = ["ResilientCallback"]
 
@@ -63,9 +63,8 @@ class ResilientCallback(TrainerCallback):
     def _start(self, output_dir: os.PathLike | str) -> Session:
         if self.session is None:
             self.output_dir = Path(os.path.abspath(output_dir))
-            root = product_env().run_dir or self.run_dir or self.output_dir
-            self.session = Session(Path(root), heartbeat_interval=self.heartbeat_interval)
-            self._doctor = FrameworkDoctor.from_env(self.session.attempt)
+            self.session = Session.open(self.run_dir, self.output_dir, heartbeat_interval=self.heartbeat_interval)
+            self._doctor = FrameworkDoctor.from_env(self.session.env)
             if self._doctor is not None:  # doctor's runs must not share (or touch) the user's output_dir
                 self.output_dir = self.session.rd.root / "output"
             self.output_dir.mkdir(parents=True, exist_ok=True)

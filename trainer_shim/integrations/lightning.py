@@ -24,7 +24,7 @@ from .. import rundir
 from ..rundir import LIGHTNING_CKPT, CheckpointKind, Manifest, Phase
 from ._resumable import ResumableLoader
 from ._doctor import FrameworkDoctor
-from ._session import Session, product_env, say
+from ._session import Session, say
 
 _BASES: list[type] = []
 try:
@@ -68,9 +68,9 @@ class _Resilient:
 
     def _start(self, default_root: os.PathLike | str) -> Session:
         if self.session is None:
-            root = product_env().run_dir or self.run_dir or default_root
-            self.session = Session(Path(root), heartbeat_interval=self.heartbeat_interval, keep_last=self.keep_last)
-            self._doctor = FrameworkDoctor.from_env(self.session.attempt)
+            self.session = Session.open(self.run_dir, default_root, heartbeat_interval=self.heartbeat_interval,
+                                        keep_last=self.keep_last)
+            self._doctor = FrameworkDoctor.from_env(self.session.env)
         return self.session
 
     def resume_from(self) -> Optional[str]:
