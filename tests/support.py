@@ -24,13 +24,13 @@ from typer.testing import CliRunner
 from supervisor import cli
 from tests.conftest import JOBS, PYTHON, REPO, child_env
 from trainer_shim.rundir import (
-    MANIFEST_NAME, ContractError, Event, RunDir, parse_checkpoint_name, read_events, read_heartbeat, read_json,
+    MANIFEST_NAME, ContractError, Event, Phase, RunDir, parse_checkpoint_name, read_events, read_heartbeat, read_json,
 )
 
 T = TypeVar("T")
 
 __all__ = ["sup_env", "run_cli", "invoke_cli", "start_cli", "faulted_run", "wait_until", "kill_group", "events",
-           "ended_kinds", "resumed_from", "resumed_steps", "first_steps", "rejected", "written_in", "heartbeat", "supervisor_state",
+           "ended_kinds", "resumed_from", "resumed_steps", "first_steps", "rejected", "written_in", "heartbeat", "finished_step", "supervisor_state",
            "weights", "assert_equal_state", "assert_same_weights"]
 
 CLI = [PYTHON, "-m", "supervisor"]
@@ -148,6 +148,12 @@ def written_in(run_dir: Path, checkpoint: Path, attempt: int, node: Optional[int
 
 def heartbeat(run_dir: Path, rank: int = 0) -> Optional[dict]:
     return read_heartbeat(RunDir(run_dir).heartbeat(rank))
+
+
+def finished_step(run_dir: Path, rank: int = 0) -> Optional[int]:
+    """The step a trainer finished at, from its last heartbeat (None unless it says `finished`)."""
+    hb = heartbeat(run_dir, rank) or {}
+    return hb.get("step") if hb.get("phase") == Phase.FINISHED else None
 
 
 def supervisor_state(run_dir: Path, node: Optional[int] = None) -> dict:
