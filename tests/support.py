@@ -24,13 +24,13 @@ from typer.testing import CliRunner
 from supervisor import cli
 from tests.conftest import JOBS, PYTHON, REPO, child_env
 from trainer_shim.rundir import (
-    ContractError, Event, RunDir, parse_checkpoint_name, read_events, read_heartbeat, read_json,
+    MANIFEST_NAME, ContractError, Event, Phase, RunDir, parse_checkpoint_name, read_events, read_heartbeat, read_json,
 )
 
 T = TypeVar("T")
 
 __all__ = ["sup_env", "run_cli", "invoke_cli", "start_cli", "faulted_run", "wait_until", "kill_group", "events",
-           "ended_kinds", "resumed_from", "resumed_steps", "first_steps", "rejected", "heartbeat", "supervisor_state",
+           "ended_kinds", "resumed_from", "resumed_steps", "first_steps", "rejected", "written_in", "heartbeat", "finished_step", "supervisor_state",
            "weights", "assert_equal_state", "assert_same_weights"]
 
 CLI = [PYTHON, "-m", "supervisor"]
@@ -136,8 +136,24 @@ def rejected(run_dir: Path, node: Optional[int] = None) -> list[dict]:
     return events(run_dir, Event.CHECKPOINT_REJECTED, node)
 
 
+def written_in(run_dir: Path, checkpoint: Path, attempt: int, node: Optional[int] = None) -> bool:
+    """Whether `checkpoint` was committed by `attempt` or later (its manifest's created_at is not before
+    that attempt's first_step event): a damaged checkpoint at that step was replaced, not kept."""
+    import datetime
+
+    [first] = [e for e in events(run_dir, Event.FIRST_STEP, node) if e["attempt"] == attempt]
+    created = read_json(Path(checkpoint) / MANIFEST_NAME)["created_at"]
+    return datetime.datetime.fromisoformat(created) >= datetime.datetime.fromisoformat(first["time"])
+
+
 def heartbeat(run_dir: Path, rank: int = 0) -> Optional[dict]:
     return read_heartbeat(RunDir(run_dir).heartbeat(rank))
+
+
+def finished_step(run_dir: Path, rank: int = 0) -> Optional[int]:
+    """The step a trainer finished at, from its last heartbeat (None unless it says `finished`)."""
+    hb = heartbeat(run_dir, rank) or {}
+    return hb.get("step") if hb.get("phase") == Phase.FINISHED else None
 
 
 def supervisor_state(run_dir: Path, node: Optional[int] = None) -> dict:

@@ -178,8 +178,6 @@ def test_sigterm_to_supervisor_saves_all_ranks_at_one_step_and_rerun_is_exact(re
     assert [h["phase"] for h in hbs] == ["stopping", "stopping"]
     step = hbs[0]["checkpoint_step"]
     assert step == hbs[1]["checkpoint_step"] == hbs[0]["step"] == hbs[1]["step"]
-    log = (rd / "logs" / "attempt-0001.log").read_text()
-    assert log.count(f"checkpoint at step {step}; exiting 75") == 2
     ck = rundir.inspect_checkpoint(rd / "checkpoints" / rundir.checkpoint_name(step), full=True)
     assert ck.manifest.world_size == 2  # kind preempt, or step when the stop fell on a save step
     p = run_cli(*args, timeout=150)

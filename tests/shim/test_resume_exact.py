@@ -10,7 +10,7 @@ import pytest
 
 from trainer_shim import rundir
 
-from tests.support import first_steps, wait_until
+from tests.support import finished_step, first_steps, wait_until
 from tests.save_modes import MODES, modes, shm_segments
 
 from .helpers import assert_same_weights, chain, kill_group, run_toy, shim_lines, start_toy
@@ -27,7 +27,7 @@ def test_sigkill_anywhere_resumes_bit_exact(run_dir: Path, refs, num_workers: st
                                             kills: list[int], save_mode: str) -> None:
     ref = refs.get("--num-workers", num_workers, "--epochs", epochs)
     procs = chain(run_dir, kills, "--num-workers", num_workers, "--epochs", epochs)
-    assert f"finished step {12 * int(epochs)}" in procs[-1].stdout
+    assert finished_step(run_dir) == 12 * int(epochs), procs[-1].stdout
     first = first_steps(run_dir)  # attempt -> its first step: N + 1 after resuming from step N
     for attempt, (killed_at, p) in enumerate(zip(kills, procs[1:]), start=2):
         if "memory" in save_mode:  # a snapshot every step: the kill right after run.step() loses nothing

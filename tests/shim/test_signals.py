@@ -71,7 +71,7 @@ def test_crash_writes_error_and_inexact_emergency_never_auto_resumed(run_dir: Pa
     p = run_toy(run_dir, attempt=2, faults="1:raise@13,2:cuda_oom@18")
     assert p.returncode == 1
     assert first_steps(run_dir)[2] == 13, p.stderr  # resumed from step 12: the emergency at 13 was passed over
-    assert json.loads(rd.error_file(2).read_text())["type"] == "torch.OutOfMemoryError"
+    assert rundir.ErrorRecord.from_json(rundir.read_json(rd.error_file(2))).type == "torch.OutOfMemoryError"
     assert manifest(rd.checkpoint(18))["exact"] is False
 
     p = run_toy(run_dir, attempt=3, faults="1:raise@13,2:cuda_oom@18")

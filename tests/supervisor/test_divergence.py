@@ -65,7 +65,6 @@ def test_divergence_from_scratch_gives_up_bounded_and_policy_halves_the_batch(tm
     cmds = [e["command"] for e in events(run_dir, "attempt_started")]
     assert cmds[0][-2:] == ["--batch-size", "8"] and cmds[1][-2:] == ["--batch-size", "4"]
     assert not list((run_dir / "checkpoints").glob("step-*"))   # the diverged state was never saved
-    assert "giving up: diverged" in r.stderr
 
 
 def test_classify_exit_65_as_diverged():

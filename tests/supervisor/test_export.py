@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -14,6 +13,7 @@ from safetensors.torch import load_file
 from tests.conftest import PYTHON, REPO, child_env
 from tests.shim.test_sharded_single import JOB as SHARDED_JOB
 from tests.support import invoke_cli
+from trainer_shim import rundir
 
 from .helpers import run_cli
 
@@ -34,7 +34,7 @@ def test_sharded_checkpoint_exports_to_torch_and_safetensors_equal_to_the_traine
     rd = sharded_run
     final = torch.load(rd / "final.pt", weights_only=True)
     (ckpt,) = [p for p in (rd / "checkpoints").iterdir() if p.name == "step-00000006"]
-    assert json.loads((ckpt / "MANIFEST.json").read_text())["sharded"] is True
+    assert rundir.inspect_checkpoint(ckpt).manifest.sharded is True
     r = run_cli("export", str(ckpt), str(tmp_path / "model.pt"), "--model-only", timeout=180)
     assert r.returncode == 0, r.stderr
     got = torch.load(tmp_path / "model.pt", weights_only=True)

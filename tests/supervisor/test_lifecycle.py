@@ -37,7 +37,6 @@ def test_each_death_is_classified_and_a_crash_loop_gives_up(run_dir):
     # Each log says what the attempt was and how it ended (never an empty file).
     assert log[0].startswith("resilient-run: attempt 2 started at ") and log[0].endswith("resuming from scratch")
     assert log[-1] == "resilient-run: attempt 2 ended: signal (killed by SIGKILL; no OOM evidence in cgroup or kernel log)"
-    assert "resilient-run: giving up: crash loop" in r.stderr
     assert supervisor_state(run_dir)["state"] == "failed"
 
 
