@@ -8,13 +8,13 @@ rooms named `_x` are internal: a script relies only on `__all__`:
 
     integrations/  HF Trainer and Lightning callbacks over the same engine
     rundir/        the run-dir contract both sides import (torch-free): paths, env, records, events
-    _loop/         the API a training loop calls: init() -> Run, its options, data and RNG resume
-                     cursor, data, options, resume_prompt, rng, run
-    _engine/       the checkpoint engine: commit, save, restore, retention, memory snapshots
-                     async_save, checkpoint, engine, loading, memory_snapshot, raw_tensors,
-                     restoring, retention, rotation, saving, sharded, snapshot_store
+    _loop/         the API a training loop calls: init() -> Run, its options, the resumed epoch iterator
+                     cursor, options, resume_prompt, run
+    _engine/       the checkpoint engine: the state it captures, commit, save, restore, retention
+                     async_save, checkpoint, data, engine, loading, memory_snapshot, raw_tensors,
+                     restoring, retention, rng, rotation, saving, sharded, snapshot_store
     _process/      the process around the loop: heartbeats, signals, hooks, collectives
-                     distributed, heartbeat, hooks, signals
+                     distributed, heartbeat, hooks, messages, signals
     _policies/     judgements on a running job: divergence, provenance, when to save
                      divergence, provenance, save_interval, save_time
     _insight/      looking inside: doctor-mode probes, checkpoint export

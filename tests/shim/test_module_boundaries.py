@@ -78,21 +78,33 @@ def _graph() -> dict[str, set[str]]:
     return graph
 
 
+def _reaches(graph: dict[str, set[str]], start: str, goal: str) -> bool:
+    seen, todo = set(), [start]
+    while todo:
+        m = todo.pop()
+        if m == goal:
+            return True
+        if m not in seen:
+            seen.add(m)
+            todo.extend(graph.get(m, ()))
+    return False
 
 
 def test_no_import_circle_inside_trainer_shim() -> None:
     graph = _graph()
+    circles = {frozenset({a, b}) for a in graph for b in graph[a] if _reaches(graph, b, a)}
+    assert circles == set()
 
-    def reaches(start: str, goal: str) -> bool:
-        seen, todo = set(), [start]
-        while todo:
-            m = todo.pop()
-            if m == goal:
-                return True
-            if m not in seen:
-                seen.add(m)
-                todo.extend(graph.get(m, ()))
-        return False
 
-    circles = {frozenset({a, b}) for a in graph for b in graph[a] if reaches(b, a)}
+def test_the_rooms_are_layered() -> None:
+    """Room level (rundir, _engine, _loop, ...): no two rooms import each other, even through other
+    rooms, so the tree reads top-down: the loop and the integrations over the engine over the contract."""
+    def room(mod: str) -> str:
+        parts = mod.split(".")
+        return parts[1] if len(parts) > 1 else parts[0]
+    rooms: dict[str, set[str]] = {}
+    for mod, deps in _graph().items():
+        rooms.setdefault(room(mod), set()).update(room(d) for d in deps if room(d) != room(mod))
+    rooms.pop("trainer_shim", None)   # the package __init__ re-exports the public API from the rooms
+    circles = {frozenset({a, b}) for a in rooms for b in rooms[a] if _reaches(rooms, b, a)}
     assert circles == set()

@@ -1,15 +1,17 @@
-"""The checkpoint engine: commit, save, restore, retention, memory snapshots.
+"""The checkpoint engine: the state it captures, commit, save, restore, retention.
 
 Private: users rely only on what `trainer_shim` exports.
 
     async_save       async disk saves and memory snapshots through shared-memory slots
     checkpoint       member I/O: hashed, fsynced writes; safe weights_only reads; the manifest
-    engine           the collaborators saving/restoring/async saves share (Engine, Reporter, say)
+    data             mid-epoch data resume: skip consumed batches by index
+    engine           the collaborators saving/restoring/async saves share (Engine, Reporter, Stream)
     loading          `load()`: verify and load a checkpoint outside a training run
     memory_snapshot  write a checkpoint into a /dev/shm slot with the stall of a memory copy
     raw_tensors      the raw tensor layout of a split checkpoint member
     restoring        ONE restore loop for 1..N ranks, with fallback on rejection
     retention        index upkeep, rotation, background deletion
+    rng              capture and restore every RNG a step can touch
     rotation         the pure retention policy: which checkpoints to delete
     saving           ONE commit protocol for 1..N ranks (decide -> write -> manifest -> rename)
     sharded          DCP (FSDP2/DTensor) model and optimizer state

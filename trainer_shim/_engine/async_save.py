@@ -34,7 +34,8 @@ from . import checkpoint as ckpt
 from .._process import distributed
 from . import restoring, saving, snapshot_store
 from .. import rundir
-from .engine import Trained, say
+from .engine import Trained
+from .._process.messages import say
 from ..errors import CollectiveTimeout
 from .memory_snapshot import SlotError, Slots
 from ..rundir import CheckpointInfo, CheckpointKind, Event, InvalidCheckpoint

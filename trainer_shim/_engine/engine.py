@@ -22,16 +22,11 @@ from pathlib import Path
 from typing import Any, Optional, Protocol
 
 from .. import rundir
+from .._process.messages import say
 from ..rundir import Event
 
 __all__ = ["say", "Reporter", "Stream", "Engine", "Trained"]
 
-PREFIX = "trainer_shim:"
-
-
-def say(msg: str) -> None:
-    """One line on stderr, flushed at once (a killed process still leaves it behind)."""
-    print(f"{PREFIX} {msg}", file=sys.stderr, flush=True)
 
 
 class Reporter:

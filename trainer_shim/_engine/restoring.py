@@ -19,9 +19,10 @@ from typing import Optional, Protocol
 
 from . import checkpoint as ckpt
 from .._policies import provenance
-from .._loop import rng
+from . import rng
 from .. import rundir
-from .engine import Trained, say
+from .engine import Trained
+from .._process.messages import say
 from ..errors import CheckpointError, WorldSizeMismatch
 from .loading import sharded_module
 from .raw_tensors import LiveStateChanged

@@ -24,11 +24,11 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from . import checkpoint as ckpt
-from .._loop import data, rng
+from . import data, rng
 from . import retention, rotation
 from .. import rundir
 from .engine import Trained
-from .engine import say
+from .._process.messages import say
 from ..errors import CheckpointError
 from .loading import sharded_module
 from ..rundir import CheckpointKind

@@ -14,12 +14,14 @@ from typing import Any, Optional, Union
 
 
 from .._engine import async_save as async_save_mod
-from . import cursor, data, options, resume_prompt, rng
+from . import cursor, options, resume_prompt
+from .._engine import data, rng
 from .._process import distributed
 from .._policies import divergence, provenance, save_interval
 from .._engine import restoring, retention, saving
 from .. import rundir
-from .._engine.engine import Engine, Reporter, say
+from .._engine.engine import Engine, Reporter
+from .._process.messages import say
 from ..errors import CollectiveTimeout, ConfigError
 from .._process.heartbeat import Heartbeat
 from .._process.hooks import ProcessHooks, record_exception

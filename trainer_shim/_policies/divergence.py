@@ -22,7 +22,7 @@ import traceback
 from typing import Any
 
 from .. import rundir
-from .._engine.engine import say
+from .._process.messages import say
 from ..rundir import DIVERGED_ERROR_TYPE, EXIT_DIVERGED, Event
 from ..errors import ConfigError
 from .._process.hooks import write_error_record

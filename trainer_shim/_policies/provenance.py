@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from .. import rundir
-from .._engine.engine import say
+from .._process.messages import say
 from .._process.hooks import write_error_record
 from ..rundir import EXIT_REFUSED, RESUME_REFUSED_ERROR_TYPE, Event, RunEnv
 

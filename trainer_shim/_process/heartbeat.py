@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .. import rundir
-from .._engine.engine import say
+from .messages import say
 from ..rundir import HeartbeatRecord, Phase
 
 

@@ -19,7 +19,7 @@ from types import TracebackType
 from typing import Any, Callable, Optional
 
 from . import signals
-from .._engine.engine import say
+from .messages import say
 from ..rundir import ErrorRecord, RunDir, atomic_write_json, now_iso
 
 __all__ = ["ProcessHooks", "write_error_record", "record_exception"]

@@ -22,7 +22,7 @@ from .._process.hooks import ProcessHooks, record_exception
 from .._engine.retention import Retention
 from .._policies.save_time import SaveTimer
 from ..rundir import Event, Manifest, Phase, RunEnv, StepMark
-from .._engine.engine import say
+from .._process.messages import say
 
 
 def product_env() -> RunEnv:
