@@ -27,13 +27,9 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
-# The argv `main` was given: needed to tell `SCRIPT.py ARGS` from `-- COMMAND ARGS`, a
-# distinction click's parser erases.
-_argv: list[str] = []
-
-
 @app.command(context_settings={"allow_interspersed_args": False})
 def run(
+    ctx: typer.Context,
     job: Optional[List[str]] = typer.Argument(None, metavar="SCRIPT.py [ARGS]... | -- COMMAND [ARGS]...", show_default=False),
     run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Run directory (default runs/<script stem>)."),
     config: Optional[Path] = typer.Option(None, "--config", help="YAML job file (same names in snake_case; flags win)."),
@@ -62,7 +58,7 @@ def run(
     tokens = list(job or [])
     file_values = load_config_file(config) if config else {}
     cli_values = {
-        **resolve_job(tokens, command_mode(_argv, tokens)),
+        **resolve_job(tokens, command_mode(ctx.obj or [], tokens)),
         "run_dir": str(run_dir) if run_dir else None, "max_restarts": max_restarts, "backoff": backoff,
         "heartbeat_timeout": heartbeat_timeout, "startup_timeout": startup_timeout, "save_timeout": save_timeout,
         "grace_period": grace_period, "memory_limit": memory_limit, "no_restart_exit_codes": no_restart_exit_codes,
@@ -157,14 +153,13 @@ _register_insight(app)
 
 def main(argv: Optional[list[str]] = None) -> None:
     """Entry point: `resilient-run [RUN OPTIONS] SCRIPT.py ...` is shorthand for `run`."""
-    global _argv
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] not in COMMANDS and args[0] not in ("-h", "--help"):
         args.insert(0, "run")
-    _argv = args
     command = typer.main.get_command(app)
     try:
-        rc = command.main(args=args, prog_name="resilient-run", standalone_mode=False)
+        # obj: the argv as given, for `command_mode` (click's parser erases `SCRIPT.py ARGS` vs `-- COMMAND ARGS`)
+        rc = command.main(args=args, prog_name="resilient-run", standalone_mode=False, obj=args)
     except SupervisorError as e:
         say(f"error: {e}")
         rc = e.exit_code

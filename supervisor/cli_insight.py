@@ -28,6 +28,7 @@ def _parse_steps(spec: str) -> tuple[int, ...]:
 
 
 def doctor(
+    ctx: typer.Context,
     job: List[str] = typer.Argument(..., metavar="SCRIPT.py [ARGS]... | -- COMMAND [ARGS]..."),
     steps: int = typer.Option(60, "--steps", help="Steps per run (the script ends cleanly there)."),
     kill_at: str = typer.Option("17,41", "--kill-at", help="Steps to interrupt at: kill -9, then a Python exception, alternating."),
@@ -37,14 +38,13 @@ def doctor(
                                             help="Both runs side by side (default unless a GPU is present)."),
 ) -> None:
     """Prove the script resumes exactly: an uninterrupted and an interrupted run in scratch run dirs, compared step by step."""
-    from . import cli
     from .insight.doctor import run_doctor
 
     if steps <= 0:
         raise ConfigError(f"--steps must be positive, got {steps}")
     points = _parse_steps(kill_at)
     tokens = list(job)
-    spec = resolve_job(tokens, command_mode(cli._argv, tokens))
+    spec = resolve_job(tokens, command_mode(ctx.obj or [], tokens))
     res = run_doctor([spec["script"], *spec["args"]] if "script" in spec else ["--", *spec["command"]],
                      steps=steps, kill_at=points, keep=keep, parallel=parallel)
     typer.echo(json.dumps(res.to_json(), indent=2) if as_json else render.doctor_text(res))
