@@ -5,9 +5,10 @@
 - The contract imports nothing above itself (no other trainer_shim module, no supervisor).
 - No supervisor module imports torch, and none pulls it in indirectly: each is also imported in
   a fresh interpreter that must end without `torch` in sys.modules.
-- No import circles among the module-level imports of the supervisor and of the contract.
-  Imports under `if TYPE_CHECKING` count: a module that names another's type depends on it as
-  much as one that calls it. (tests/shim/test_module_boundaries.py checks the whole shim.)
+- No import circles among the imports of the supervisor and of the contract, wherever they stand:
+  a function-level import (done late to keep a command quick) is still a dependency, and imports
+  under `if TYPE_CHECKING` count too: a module that names another's type depends on it as much as
+  one that calls it. (tests/shim/test_module_boundaries.py checks the whole shim.)
 
 Modules are found by walking the source tree, not listed by hand, so a new module is checked
 without anyone remembering to add it here.
@@ -131,10 +132,10 @@ def test_importing_a_supervisor_module_does_not_load_torch(module: str) -> None:
 
 
 def import_graph(package: str) -> dict[str, set[str]]:
-    """Module -> the package's modules it imports at module level."""
+    """Module -> the package's modules it imports (at module level or in a function)."""
     mods = modules_of(package)
     known = frozenset(mods)
-    return {m: {n for n in imported(m, p, top_level_only=True, known=known) if n in mods and n != m}
+    return {m: {n for n in imported(m, p, top_level_only=False, known=known) if n in mods and n != m}
             for m, p in mods.items()}
 
 
