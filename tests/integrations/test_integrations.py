@@ -25,7 +25,9 @@ import torch
 from tests.conftest import PYTHON, REPO
 from trainer_shim.rundir import Event
 from tests.supervisor.helpers import run_cli, start_cli, sup_env
-from tests.support import assert_equal_state, ended_kinds, events, heartbeat, kill_group, wait_until, weights
+from tests.support import (
+    assert_equal_state, ended_kinds, events, first_steps, heartbeat, kill_group, wait_until, weights,
+)
 
 HERE = Path(__file__).resolve().parent
 # grace: the stop must save and exit within it (a framework teardown is slow on a busy 2-core box)
@@ -96,6 +98,13 @@ def _campaign(spec: dict, tmp_path: Path) -> list[str]:
     # Time spent saving (as `report` prices it): each committed save priced, the attempt's total running.
     saved = events(run, Event.CHECKPOINT_SAVED)
     assert saved and all(0 < e["seconds"] <= e["saving_seconds"] for e in saved), saved
+    # The report prices a framework job as a native one: every attempt's first step is marked, so each
+    # recovery is measured and useful time is counted.
+    rep = run_cli("report", str(run), "--json", env=env)
+    assert rep.returncode == 0, rep.stderr
+    costs = json.loads(rep.stdout)
+    assert sorted(first_steps(run)) == [c["attempt"] for c in costs["attempts"]], events(run, Event.FIRST_STEP)
+    assert costs["useful_seconds"] > 0 and all(c["recover_total"] for c in costs["attempts"][1:]), costs
     return rejected
 
 

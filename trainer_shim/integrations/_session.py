@@ -59,6 +59,8 @@ class Session:
         self._stopped = False
         self._hb_last = 0.0
         self._before_eval = Phase.STARTING.value
+        self._restored_time: Optional[str] = None   # the framework's train start: its state is loaded
+        self._first_step_seen = False
 
     # --- heartbeats ----------------------------------------------------------------------------
 
@@ -73,6 +75,7 @@ class Session:
         """Stamp the fields every step; the file is written at most once per heartbeat interval
         (like run.step()), or at once when the phase changes."""
         self.mark.set(step)
+        self._mark_timings(step, phase)
         f = self.hb.fields
         changed = f["phase"] != phase
         f["step"], f["epoch"], f["phase"] = step, epoch, phase
@@ -82,6 +85,15 @@ class Session:
         if changed or now - self._hb_last >= self.hb.interval:
             self._hb_last = now
             self.hb.request()
+
+    def _mark_timings(self, step: int, phase: str) -> None:
+        """The report's marks, as a native run leaves them: the train start (the framework has loaded
+        its checkpoint by then) and the attempt's first step, in the `first_step` event."""
+        if phase == Phase.STARTING.value and self._restored_time is None:
+            self._restored_time = rundir.now_iso()
+        elif phase == Phase.TRAINING.value and not self._first_step_seen:
+            self._first_step_seen = True
+            self.event(Event.FIRST_STEP, step=step, restored_time=self._restored_time, pid=os.getpid())
 
     def beat_due(self) -> bool:
         """Whether the next beat() writes (so a caller can skip computing what only the file needs)."""
