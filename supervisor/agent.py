@@ -36,6 +36,7 @@ from .process.prestart import Prestarter
 from .insight.progress import CostCache
 from .decisions.smart_restarts import SmartRestarts
 from .process.wakeup import Wakeup
+from .mirror.mirror import Mirror
 
 __all__ = ["State", "AttemptResult", "Supervisor", "say"]
 
@@ -71,6 +72,7 @@ class Supervisor:
         self.attempt: Optional[Attempt] = None
         self.history = History()   # attempt numbers, failure counts, poisoned checkpoints: read by run()
         self.choice = CheckpointChoice(self.rd, self.history.poisoned, self._emit)
+        self.mirror = Mirror(config.mirror, self.rd, self._emit, self.history.poisoned)
         self.restart_at: Optional[float] = None
         self.next_resume: Optional[str] = None
         self.last_failure: Optional[str] = None
@@ -86,6 +88,7 @@ class Supervisor:
 
     def run(self) -> int:
         """Supervise until done; returns the exit code. Cleanup always runs."""
+        self.mirror.check()   # bad credentials or bucket: one line, exit 2, before anything starts
         try:
             ensure_run_dir(self.rd.root, self.rd.node)
         except ContractError as e:
@@ -93,11 +96,12 @@ class Supervisor:
         self._lock_fd = acquire_lock(self.rd)
         try:
             self.history = recover_history(self.rd)   # under the lock: no other supervisor appends now
-            self.choice.poisoned = self.history.poisoned
+            self.choice.poisoned = self.mirror.poisoned = self.history.poisoned
             self.wakeup.open()
             procs.protect_from_oom()
             kill_leftover_trainer(self.rd, self.config.grace_period, self._tick)
             self.choice.persist_snapshot()
+            self.mirror.restore()   # a new node: the remote's newest checkpoint, if newer than ours
             if self.config.memory_limit:
                 self._cgroup = MemoryCgroup.create(f"resilient-run-{os.getpid()}", self.config.memory_limit)
             self._events = HeartbeatEvents(self.rd.heartbeats, self.wakeup.wake)
@@ -189,6 +193,7 @@ class Supervisor:
             self._write_metrics()
         if self.learner is not None:
             self.learner.save(now, force=self.attempt is None)
+        self.mirror.poll()
 
     def _watch(self, now: float) -> None:
         a = self.attempt
@@ -362,7 +367,7 @@ class Supervisor:
         self._last_metrics = time.monotonic()
         snap = collect(self.rd, self.attempt.monitor if self.attempt else None,
                        attempts_total=self.history.attempts_total, failures=self.history.failures,
-                       poisoned=self.history.poisoned, costs=self._costs.get())
+                       poisoned=self.history.poisoned, costs={**self._costs.get(), **self.mirror.metrics()})
         try:
             write_textfile(self.rd, snap, self.config.metrics_textfile_dir)
         except OSError as e:
@@ -389,6 +394,7 @@ class Supervisor:
             self._events.stop()
         if self._lock_fd is not None:
             self.choice.persist_snapshot()
+            self.mirror.close(self.config.grace_period)   # the final checkpoint's upload may finish
             snapshots.free(self.rd)
             self.journal.flush()
             self._write_metrics()

@@ -56,6 +56,7 @@ class Config:
     divergence_window: int = 200      # a `diverged` attempt this many steps after its resume poisons that checkpoint
     strict_resume: bool = False       # a provenance mismatch on resume is an exit-2 refusal, not a warning
     policy: tuple = ()                # failure_policy.KindRule per failure kind (the YAML `policy:` section)
+    mirror: Optional[str] = None      # s3://BUCKET/PREFIX: checkpoints mirrored to object storage
 
     @property
     def env_dict(self) -> dict[str, str]:
@@ -160,6 +161,13 @@ def _preload_field(key: str, value: Any) -> dict[str, Any]:
     return {key: tuple(m.strip() for m in items if m.strip())}
 
 
+def _mirror_field(key: str, value: Any) -> dict[str, Any]:
+    from .mirror._client import MirrorUrl   # the URL only: no S3 client is imported here
+
+    MirrorUrl.parse(str(value))
+    return {key: str(value)}
+
+
 def _command_field(key: str, value: Any) -> dict[str, Any]:
     if isinstance(value, str):
         argv = tuple(shlex.split(value))
@@ -205,7 +213,7 @@ _PARSERS: dict[str, Callable[[str, Any], dict[str, Any]]] = {
     **dict.fromkeys(("prestart", "strict_resume", "heartbeat_timeout_auto"), _bool_field),
     **dict.fromkeys(("script", "run_dir", "working_dir", "metrics_textfile_dir", "rdzv_endpoint"), _path_field),
     "policy": _policy_field, "preload": _preload_field, "command": _command_field, "args": _args_field,
-    "env": _env_field, "metrics": _metrics_field,
+    "env": _env_field, "metrics": _metrics_field, "mirror": _mirror_field,
     "memory_limit": lambda key, value: {key: parse_size(value, key)},
     "no_restart_exit_codes": lambda key, value: {key: parse_exit_codes(value, key)},
 }

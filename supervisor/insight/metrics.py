@@ -36,6 +36,8 @@ METRICS: dict[str, tuple[str, str]] = {
     "resilient_run_save_interval_seconds": ("gauge", "The trainer's current automatic (Young/Daly) save interval."),
     "resilient_run_goodput_ratio": ("gauge", "Useful training time / wall time (README: What failures cost)."),
     "resilient_run_lost_steps_total": ("counter", "Steps redone after restarts."),
+    "resilient_run_mirror_lag_seconds": ("gauge", "--mirror: seconds the newest local checkpoint has waited for its upload (0 when mirrored)."),
+    "resilient_run_mirror_failures_total": ("counter", "--mirror: failed upload tries (each is retried)."),
     "resilient_run_recovery_seconds": ("histogram", "Failure -> first step of the next attempt (detect, stop, spawn, restore, first step)."),
 }
 
@@ -62,6 +64,8 @@ class MetricsSnapshot:
     goodput: Optional[float] = None
     lost_steps: Optional[int] = None
     recovery_seconds: tuple[float, ...] = ()
+    mirror_lag_s: Optional[float] = None      # only with --mirror
+    mirror_failures: Optional[int] = None
 
 
 def _escape_label(value: str) -> str:
@@ -110,6 +114,8 @@ def render(s: MetricsSnapshot) -> str:
         "resilient_run_save_interval_seconds": [(run, s.save_interval_s)],
         "resilient_run_goodput_ratio": [(run, s.goodput)],
         "resilient_run_lost_steps_total": [(run, s.lost_steps)],
+        "resilient_run_mirror_lag_seconds": [(run, s.mirror_lag_s)],
+        "resilient_run_mirror_failures_total": [(run, s.mirror_failures)],
         **_histogram("resilient_run_recovery_seconds", run, s.recovery_seconds),
     }
     out = []

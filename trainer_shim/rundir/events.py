@@ -42,6 +42,13 @@ class Event(str, enum.Enum):
     RESUME_MISMATCH = "resume_mismatch"            # W shim: path, differences, strict
     POLICY_APPLIED = "policy_applied"              # W supervisor: the YAML policy rule of a failure kind
     DIVERGED = "diverged"                          # W shim: step, loss, resumed_from; then EXIT_DIVERGED
+    # W supervisor (--mirror): a committed checkpoint is on object storage, manifest last: path, url,
+    # bytes, seconds (the upload), lag_s (commit to mirrored)
+    CHECKPOINT_MIRRORED = "checkpoint_mirrored"
+    # W supervisor (--mirror): uploads stopped succeeding (once per outage; retried): path, error
+    MIRROR_FAILED = "mirror_failed"
+    # W supervisor (--mirror): a remote checkpoint downloaded, verified and committed into the run dir: url, path, seconds
+    CHECKPOINT_RESTORED_FROM_MIRROR = "checkpoint_restored_from_mirror"
 
     def __str__(self) -> str:  # so f-strings and logs print the bare name
         return self.value

@@ -1,0 +1,181 @@
+"""Which S3 client the mirror uses, and what the mirror costs a training job, measured side by side.
+
+Part 1 (client choice): boto3, obstore and s3fs each upload and download one checkpoint-sized file
+(default 256 MiB) to a moto S3 server on 127.0.0.1, each in a fresh interpreter (so its import
+time is its own), with the installed size each adds. A client that is not installed is listed as
+such; s3fs pins an older botocore than boto3, so it may be given its own dir: --s3fs-path DIR
+(`pip install --target DIR s3fs`).
+
+Part 2 (the goals): a toy job's steps/s while the supervisor uploads its checkpoints against the
+same job without --mirror; and a new node's start (download + verify + commit) against a plain
+download of the same checkpoint with the same client.
+
+    python bench/bench_mirror.py [--mib 256] [--s3fs-path DIR] [--skip-goals]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from importlib import metadata
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+CLIENTS = {"boto3": ("boto3", "botocore", "s3transfer", "jmespath"), "obstore": ("obstore",),
+           "s3fs": ("s3fs", "aiobotocore", "aiohttp", "botocore", "fsspec")}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_moto() -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return proc, url
+        except OSError:
+            time.sleep(0.1)
+    raise SystemExit("moto server did not start")
+
+
+def s3_env(url: str) -> dict[str, str]:
+    return {"AWS_ENDPOINT_URL": url, "AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
+            "AWS_DEFAULT_REGION": "us-east-1", "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true"}
+
+
+def installed_mib(dists: tuple[str, ...], extra_path: str | None) -> float:
+    """Bytes on disk of the distributions a client brings (shared ones counted for each client)."""
+    paths = [extra_path] if extra_path else None
+    total = 0
+    for name in dists:
+        try:
+            dist = next(iter(metadata.distributions(name=name, path=paths))) if paths else metadata.distribution(name)
+        except (StopIteration, metadata.PackageNotFoundError):
+            continue
+        for f in dist.files or ():
+            p = Path(dist.locate_file(f))
+            if p.is_file():
+                total += p.stat().st_size
+    return total / (1 << 20)
+
+
+# --- one client, in its own interpreter -------------------------------------------------------
+
+def _one(client: str, bucket: str, src: str) -> dict:
+    t0 = time.perf_counter()
+    if client == "boto3":
+        import boto3
+        from boto3.s3.transfer import TransferConfig
+
+        imported = time.perf_counter()
+        c = boto3.client("s3")
+        cfg = TransferConfig(multipart_chunksize=16 << 20, max_concurrency=4)
+        up0 = time.perf_counter()
+        c.upload_file(src, bucket, "obj", Config=cfg)
+        up1 = time.perf_counter()
+        c.download_file(bucket, "obj", src + ".back", Config=cfg)
+    elif client == "obstore":
+        import obstore
+        from obstore.store import S3Store
+
+        imported = time.perf_counter()
+        st = S3Store(bucket, client_options={"allow_http": True})  # AWS_* from the environment
+        up0 = time.perf_counter()
+        with open(src, "rb") as f:
+            obstore.put(st, "obj", f, chunk_size=16 << 20, max_concurrency=4)
+        up1 = time.perf_counter()
+        with open(src + ".back", "wb") as f:
+            for chunk in obstore.get(st, "obj"):
+                f.write(chunk)
+    else:
+        import s3fs
+
+        imported = time.perf_counter()
+        fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": os.environ["AWS_ENDPOINT_URL"]})
+        up0 = time.perf_counter()
+        fs.put_file(src, f"{bucket}/obj")
+        up1 = time.perf_counter()
+        fs.get_file(f"{bucket}/obj", src + ".back")
+    down1 = time.perf_counter()
+    same = os.path.getsize(src) == os.path.getsize(src + ".back")
+    os.unlink(src + ".back")
+    return {"import_s": imported - t0, "up_s": up1 - up0, "down_s": down1 - up1, "ok": same}
+
+
+def run_client(client: str, url: str, bucket: str, src: str, s3fs_path: str | None) -> dict | None:
+    env = {**os.environ, **s3_env(url)}
+    if client == "s3fs" and s3fs_path:
+        env["PYTHONPATH"] = s3fs_path
+    r = subprocess.run([sys.executable, __file__, "--one", client, "--bucket", bucket, "--src", src],
+                       env=env, capture_output=True, text=True)
+    if r.returncode != 0:
+        return None if "No module named" in r.stderr else {"error": r.stderr.strip().splitlines()[-1]}
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def clients_table(url: str, mib: int, s3fs_path: str | None) -> None:
+    import boto3
+
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "ckpt.bin")
+        with open(src, "wb") as f:
+            for _ in range(mib):
+                f.write(os.urandom(1 << 20))
+        s3 = boto3.client("s3", **{"endpoint_url": url, "aws_access_key_id": "bench",
+                                   "aws_secret_access_key": "bench", "region_name": "us-east-1"})
+        print(f"client    import s   upload MiB/s   download MiB/s   installed MiB   ({mib} MiB, moto on 127.0.0.1)")
+        for client, dists in CLIENTS.items():
+            bucket = f"bench-{client}"
+            s3.create_bucket(Bucket=bucket)
+            r = run_client(client, url, bucket, src, s3fs_path)
+            size = installed_mib(dists, s3fs_path if client == "s3fs" else None)
+            if r is None:
+                print(f"{client:<9} not installed")
+            elif "error" in r:
+                print(f"{client:<9} failed: {r['error']}")
+            else:
+                print(f"{client:<9} {r['import_s']:8.2f}   {mib / r['up_s']:12.0f}   {mib / r['down_s']:14.0f}"
+                      f"   {size:13.0f}" + ("" if r["ok"] else "   SIZE MISMATCH"))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--one")
+    ap.add_argument("--bucket")
+    ap.add_argument("--src")
+    ap.add_argument("--mib", type=int, default=256)
+    ap.add_argument("--s3fs-path")
+    ap.add_argument("--skip-goals", action="store_true")
+    a = ap.parse_args()
+    if a.one:
+        print(json.dumps(_one(a.one, a.bucket, a.src)))
+        return
+    proc, url = start_moto()
+    try:
+        clients_table(url, a.mib, a.s3fs_path)
+        if not a.skip_goals:
+            sys.path.insert(0, str(HERE))
+            from bench_mirror_goals import goals_table
+
+            goals_table(url, s3_env(url), a.mib)
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
+if __name__ == "__main__":
+    main()
