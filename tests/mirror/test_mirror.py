@@ -85,3 +85,61 @@ def test_corrupt_remote_object_is_skipped_and_the_older_one_used(tmp_path, s3_se
                for e in events(rd, Event.CHECKPOINT_REJECTED))
     assert events(rd, Event.ATTEMPT_STARTED)[0]["resume_from"] == str(RunDir(rd).checkpoint(10))
     assert_equal_state(weights(out), reference(tmp_path), "final weights after resuming the older checkpoint")
+
+
+def _commit(rd: RunDir, step: int, members: dict[str, bytes]) -> Path:
+    """A checkpoint committed into the run dir the way a trainer commits one (manifest last, rename)."""
+    tmp = commit.fresh_tmp_dir(rd.checkpoints, checkpoint_name(step))
+    for rel, data in members.items():
+        (tmp / rel).write_bytes(data)
+    files = {rel: FileEntry(len(data), digest_file(tmp / rel)) for rel, data in members.items()}
+    manifest = Manifest.create(files, step=step, epoch=0, batch_in_epoch=step, kind=CheckpointKind.STEP, loss=None)
+    commit.commit_dir(tmp, rd.checkpoint(step), manifest.to_bytes(), repoint=True)
+    return rd.checkpoint(step)
+
+
+def test_supervisor_killed_mid_upload_leaves_nothing_that_is_chosen(tmp_path, s3_server, bucket):
+    rd, mirror, c = RunDir(tmp_path / "node-1"), f"s3://{bucket}/run", s3_server.client()
+    rd.checkpoints.mkdir(parents=True)
+    _commit(rd, 1, {"a.bin": b"a" * 1024, "b.bin": b"b" * 1024})
+    sleeper = ("--", "python3", "-c", "import time; time.sleep(120)")
+    sup = start_cli("--run-dir", str(rd.root), "--mirror", mirror, *sleeper, env=sup_env(**s3_server.env()))
+    try:
+        wait_until(lambda: events(rd.root, Event.CHECKPOINT_MIRRORED), timeout=60, what="step 1 mirrored")
+        # step 2: a small member, then one large enough that its multipart upload is under way when we kill.
+        _commit(rd, 2, {"a.bin": b"A" * 1024, "b.bin": os.urandom(96 << 20)})
+        keys = lambda: {o["Key"] for o in c.list_objects_v2(Bucket=bucket).get("Contents", [])}  # noqa: E731
+        wait_until(lambda: f"run/{checkpoint_name(2)}/a.bin" in keys(), timeout=60, interval=0.02,
+                   what="step 2's first member uploaded")
+        os.killpg(sup.pid, signal.SIGKILL)
+        sup.wait()
+    finally:
+        if sup.poll() is None:
+            os.killpg(sup.pid, signal.SIGKILL)
+    assert f"run/{checkpoint_name(2)}/{MANIFEST_NAME}" not in keys(), "the upload finished before the kill"
+    rd2 = tmp_path / "node-2"
+    r = run_cli("--run-dir", str(rd2), "--mirror", mirror, "--", "python3", "-c", "pass", env=sup_env(**s3_server.env()))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert events(rd2, Event.ATTEMPT_STARTED)[0]["resume_from"] == str(RunDir(rd2).checkpoint(1))
+    assert any(checkpoint_name(2) in e["path"] and "no MANIFEST.json" in e["reason"]
+               for e in events(rd2, Event.CHECKPOINT_REJECTED))
+
+
+@pytest.mark.parametrize("problem", ["bucket", "credentials"])
+def test_bad_bucket_or_credentials_is_one_line_and_exit_2(tmp_path, s3_server, bucket, monkeypatch, problem):
+    server = s3_server
+    if problem == "credentials":   # a server that checks signatures: no access key is known to it
+        server = S3Server(INITIAL_NO_AUTH_ACTION_COUNT="0").start()
+    try:
+        for k, v in server.env().items():
+            monkeypatch.setenv(k, v)
+        target = "no-such-bucket-here" if problem == "bucket" else bucket
+        r = invoke_cli("--run-dir", str(tmp_path / "run"), "--mirror", f"s3://{target}/x", "--", "python3", "-c", "pass")
+    finally:
+        if server is not s3_server:
+            server.stop()
+    assert r.returncode == 2, r.stdout + r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert ("no such bucket" if problem == "bucket" else "access denied") in lines[0]
+    assert not (tmp_path / "run").exists()   # refused before anything started
