@@ -25,6 +25,7 @@ from .conftest import S3Server
 
 # Steps 5, 10 and 15 are committed (and mirrored); the attempt dies at 17 and the supervisor gives up.
 CRASH_AT_17 = {"TOY_FAULTS": "1:raise@17"}
+QUICK_JOB = ("--no-prestart", "--", "python3", "-c", "pass")   # a job that succeeds at once: where does it resume?
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +36,7 @@ def first_node(tmp_path_factory, s3_server) -> tuple[str, list[str]]:
     one-second poll time to see each checkpoint (it changes no weight)."""
     tmp, bucket = tmp_path_factory.mktemp("first-node"), s3_server.new_bucket()
     rd = tmp / "run"
-    r = run_cli("--run-dir", str(rd), "--mirror", f"s3://{bucket}/toy", "--max-restarts", "0", *FAST, TOY,
+    r = run_cli("--run-dir", str(rd), "--mirror", f"s3://{bucket}/toy", "--max-restarts", "0", "--no-prestart", *FAST, TOY,
                 "--step-sleep", "0.25", "--out", str(tmp / "unused.pt"), env=sup_env(**s3_server.env(), **CRASH_AT_17),
                 timeout=180)
     assert r.returncode == 1, r.stderr[-3000:]
@@ -54,7 +55,7 @@ def _copy_remote(server: S3Server, first: tuple[str, list[str]], bucket: str) ->
 
 def _new_node(tmp_path: Path, server: S3Server, mirror: str) -> tuple[Path, Path]:
     rd, out = tmp_path / "node-2", tmp_path / "weights.pt"
-    r = run_cli("--run-dir", str(rd), "--mirror", mirror, *FAST, TOY, "--out", str(out),
+    r = run_cli("--run-dir", str(rd), "--mirror", mirror, "--no-prestart", *FAST, TOY, "--out", str(out),
                 env=sup_env(**server.env()), timeout=180)
     assert r.returncode == 0, r.stderr[-3000:]
     return rd, out
@@ -79,12 +80,13 @@ def test_corrupt_remote_object_is_skipped_and_the_older_one_used(tmp_path, s3_se
     body = bytearray(c.get_object(Bucket=bucket, Key=member)["Body"].read())
     body[len(body) // 2] ^= 0xFF   # bit rot: same size, other bytes
     c.put_object(Bucket=bucket, Key=member, Body=bytes(body))
-    rd, out = _new_node(tmp_path, s3_server, mirror)
+    rd = tmp_path / "node-2"   # the choice is what matters here (bit-exact resume: the test above)
+    r = run_cli("--run-dir", str(rd), "--mirror", mirror, *QUICK_JOB, env=sup_env(**s3_server.env()))
+    assert r.returncode == 0, r.stderr[-3000:]
     assert [e["step"] for e in events(rd, Event.CHECKPOINT_RESTORED_FROM_MIRROR)] == [10]
     assert any(newest.rstrip("/") in e["path"] and "digest mismatch" in e["reason"]
                for e in events(rd, Event.CHECKPOINT_REJECTED))
     assert events(rd, Event.ATTEMPT_STARTED)[0]["resume_from"] == str(RunDir(rd).checkpoint(10))
-    assert_equal_state(weights(out), reference(tmp_path), "final weights after resuming the older checkpoint")
 
 
 def _commit(rd: RunDir, step: int, members: dict[str, bytes]) -> Path:
@@ -102,7 +104,7 @@ def test_supervisor_killed_mid_upload_leaves_nothing_that_is_chosen(tmp_path, s3
     rd, mirror, c = RunDir(tmp_path / "node-1"), f"s3://{bucket}/run", s3_server.client()
     rd.checkpoints.mkdir(parents=True)
     _commit(rd, 1, {"a.bin": b"a" * 1024, "b.bin": b"b" * 1024})
-    sleeper = ("--", "python3", "-c", "import time; time.sleep(120)")
+    sleeper = ("--no-prestart", "--", "python3", "-c", "import time; time.sleep(120)")
     sup = start_cli("--run-dir", str(rd.root), "--mirror", mirror, *sleeper, env=sup_env(**s3_server.env()))
     try:
         wait_until(lambda: events(rd.root, Event.CHECKPOINT_MIRRORED), timeout=60, what="step 1 mirrored")
@@ -118,7 +120,7 @@ def test_supervisor_killed_mid_upload_leaves_nothing_that_is_chosen(tmp_path, s3
             os.killpg(sup.pid, signal.SIGKILL)
     assert f"run/{checkpoint_name(2)}/{MANIFEST_NAME}" not in keys(), "the upload finished before the kill"
     rd2 = tmp_path / "node-2"
-    r = run_cli("--run-dir", str(rd2), "--mirror", mirror, "--", "python3", "-c", "pass", env=sup_env(**s3_server.env()))
+    r = run_cli("--run-dir", str(rd2), "--mirror", mirror, *QUICK_JOB, env=sup_env(**s3_server.env()))
     assert r.returncode == 0, r.stderr[-3000:]
     assert events(rd2, Event.ATTEMPT_STARTED)[0]["resume_from"] == str(RunDir(rd2).checkpoint(1))
     assert any(checkpoint_name(2) in e["path"] and "no MANIFEST.json" in e["reason"]
@@ -143,3 +145,27 @@ def test_bad_bucket_or_credentials_is_one_line_and_exit_2(tmp_path, s3_server, b
     assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
     assert ("no such bucket" if problem == "bucket" else "access denied") in lines[0]
     assert not (tmp_path / "run").exists()   # refused before anything started
+
+
+@pytest.mark.long
+def test_server_down_during_training_training_goes_on_one_event_then_retried(tmp_path, s3_server):
+    server = S3Server().start()   # its own, to take down
+    try:
+        bucket = server.new_bucket()
+        rd, out = tmp_path / "run", tmp_path / "weights.pt"
+        sup = start_cli("--run-dir", str(rd), "--mirror", f"s3://{bucket}/toy", "--no-prestart", *FAST, TOY,
+                        "--step-sleep", "0.3", "--out", str(out), env=sup_env(**server.env()))
+        wait_until(lambda: events(rd, Event.CHECKPOINT_MIRRORED), timeout=120, what="a first checkpoint mirrored")
+        server.stop()
+        failed = wait_until(lambda: events(rd, Event.MIRROR_FAILED), timeout=60, what="mirror_failed")
+        server.start()
+        server.client().create_bucket(Bucket=bucket)   # moto keeps its buckets in memory
+        _, err = sup.communicate(timeout=180)
+    finally:
+        server.stop()
+    assert sup.returncode == 0, err[-3000:]
+    assert len(events(rd, Event.MIRROR_FAILED)) == 1
+    assert [e["kind"] for e in events(rd, Event.ATTEMPT_ENDED)] == ["success"]   # training never stopped
+    after = [e for e in events(rd, Event.CHECKPOINT_MIRRORED) if e["time"] > failed[0]["time"]]
+    assert after, "no upload succeeded after the server came back"
+    assert_equal_state(weights(out), reference(tmp_path), "final weights")
