@@ -134,7 +134,7 @@ def stop(
 
 @app.command("export")
 def export_cmd(
-    ckpt_dir: Path = typer.Argument(..., metavar="CKPT_DIR", help="A checkpoint dir (or a run dir: its newest valid checkpoint)."),
+    ckpt_dir: str = typer.Argument(..., metavar="CKPT_DIR", help="A checkpoint dir (or a run dir: its newest valid checkpoint), or s3://BUCKET/PREFIX[/step-N] (a mirror's newest, or that checkpoint)."),
     out: Path = typer.Argument(..., metavar="OUT", help="Output file."),
     fmt: str = typer.Option("torch", "--format", help="torch or safetensors."),
     model_only: bool = typer.Option(False, "--model-only", help="Only the model's state dict."),

@@ -8,21 +8,33 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from trainer_shim import rundir
 
 from ..errors import ConfigError, SupervisorError
+from ..messages import say
 
 __all__ = ["FORMATS", "export_checkpoint"]
 
 FORMATS = ("torch", "safetensors")
 
 
-def export_checkpoint(ckpt_dir: Path, out: Path, fmt: str = "torch", model_only: bool = False) -> str:
-    """Verify, then convert; returns the child's one-line summary. SupervisorError (exit 2) on bad input."""
+def export_checkpoint(ckpt_dir: "Path | str", out: Path, fmt: str = "torch", model_only: bool = False) -> str:
+    """Verify, then convert; returns the child's one-line summary. SupervisorError (exit 2) on bad input.
+
+    An s3:// URL (a mirrored checkpoint, or a mirror prefix: its newest) is downloaded, verified,
+    into a temporary dir first."""
     if fmt not in FORMATS:
         raise ConfigError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    if str(ckpt_dir).startswith("s3://"):
+        from ..mirror.remote import fetch   # boto3 (the s3 extra) only for a remote checkpoint
+
+        with tempfile.TemporaryDirectory(prefix="resilient-run-export-") as tmp:
+            skipped = lambda url, why: say(f"remote checkpoint skipped: {url}: {why}")  # noqa: E731
+            return export_checkpoint(fetch(str(ckpt_dir), Path(tmp), skipped), out, fmt, model_only)
+    ckpt_dir = Path(ckpt_dir)
     if (Path(ckpt_dir) / rundir.CHECKPOINTS).is_dir() or not (Path(ckpt_dir) / rundir.MANIFEST_NAME).exists():
         info = rundir.newest_valid([Path(ckpt_dir) / rundir.CHECKPOINTS, Path(ckpt_dir)])
         if info is None:

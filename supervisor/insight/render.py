@@ -117,6 +117,8 @@ def status_rows(rep: StatusReport) -> list[tuple[str, str]]:
     ]
     if rep.save_interval_s is not None:
         rows.append(("save interval", f"{fmt_age(rep.save_interval_s)} (auto)"))
+    if rep.mirrored is not None:
+        rows.append(("mirrored", f"{rep.mirrored['url']} (step {_or_dash(rep.mirrored['step'])}, {fmt_ago(rep.mirrored['at'])})"))
     return rows
 
 
@@ -135,7 +137,8 @@ def status_table(rep: StatusReport, heading: str):  # noqa: ANN201 - a rich Tabl
 
 def checkpoint_cells(r: CheckpointRow, verify: bool, now: Optional[float] = None) -> dict[str, str]:
     """One checkpoint's cells by column name."""
-    flags = [f for f, on in (("latest", r.is_latest), ("best", r.is_best), ("inexact", r.exact is False)) if on]
+    flags = [f for f, on in (("remote", r.remote), ("latest", r.is_latest), ("best", r.is_best),
+                             ("inexact", r.exact is False)) if on]
     st = ("ok" if not verify else "verified") if r.problem is None else f"INVALID: {r.problem}"
     return {
         "name": r.name, "step": str(r.step), "epoch": _or_dash(r.epoch), "batch": _or_dash(r.batch_in_epoch),

@@ -12,7 +12,8 @@ from typing import Any, Optional
 
 from trainer_shim.rundir import (
     ContractError, Event, HeartbeatRecord, InvalidCheckpoint, RunDir, RunState, SupervisorState, checkpoint_roots,
-    commit_age, inspect_checkpoint, iter_checkpoint_dirs, newest_valid, read_events, read_heartbeat_record, read_index,
+    commit_age, inspect_checkpoint, iter_checkpoint_dirs, newest_valid, parse_checkpoint_name, read_events, read_heartbeat_record,
+    read_index,
 )
 
 from ..process import procs
@@ -20,6 +21,7 @@ from ..decisions.classify import Kind
 from ..config import DEFAULTS, Config
 from ..errors import RunDirError
 from ..process.heartbeat import allowance
+from ..messages import say
 from .progress import Progress, progress_of
 
 __all__ = ["StatusReport", "read_status", "supervisor_state", "CheckpointRow", "list_checkpoints", "open_run_dir", "lock_holder",
@@ -95,6 +97,7 @@ class StatusReport:
     progress: Optional[Progress] = None
     supervisor_alive: bool = False
     stop: Optional[dict] = None   # a requested stop that ended the run: {"attempt", "saved", "step"}
+    mirrored: Optional[dict] = None   # --mirror: the newest checkpoint on object storage {"url", "step", "at"}
 
     @property
     def healthy(self) -> bool:
@@ -102,7 +105,7 @@ class StatusReport:
 
     def to_json(self) -> dict:
         keys = ("state", "supervisor_pid", "child_pid", "attempt", "restarts", "heartbeat_age_s", "step",
-                "epoch", "loss", "last_failure", "latest_checkpoint", "save_interval_s", "stop")
+                "epoch", "loss", "last_failure", "latest_checkpoint", "save_interval_s", "stop", "mirrored")
         out = {k: getattr(self, k) for k in keys}
         if self.progress is not None:
             out.update(total_steps=self.progress.total_steps, steps_per_s=self.progress.steps_per_s,
@@ -168,8 +171,16 @@ def read_status(rd: RunDir) -> StatusReport:
         save_interval_s=hb.save_interval_s if hb else None,
         progress=progress_of(rd, hb, events, failed=last_failure is not None),
         supervisor_alive=sup_alive,
-        stop=_stop(events) if recorded == RunState.STOPPED else None,
+        stop=_stop(events) if recorded == RunState.STOPPED else None, mirrored=_mirrored(events),
     )
+
+
+def _mirrored(events: list[dict]) -> Optional[dict]:
+    """The newest checkpoint the supervisor put on (or brought back from) object storage; no network."""
+    for ev in reversed(events):
+        if ev.get("event") in (Event.CHECKPOINT_MIRRORED, Event.CHECKPOINT_RESTORED_FROM_MIRROR):
+            return {"url": ev.get("url"), "step": ev.get("step"), "at": ev.get("time")}
+    return None
 
 
 # What the supervisor writes after an attempt_ended: the first of these says how that attempt's end was taken.
@@ -219,6 +230,7 @@ class CheckpointRow:
     is_best: bool
     is_latest: bool
     problem: Optional[str]
+    remote: bool = False   # on object storage (--mirror), listed by its URL
 
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -255,4 +267,30 @@ def list_checkpoints(rd: RunDir, *, verify: bool = False) -> list[CheckpointRow]
             is_best=bool(entry.get("is_best")), is_latest=latest_target is not None and path.resolve() == latest_target,
             problem=problem,
         ))
+    return sorted(rows + _remote_rows(rd), key=lambda r: r.step, reverse=True)
+
+
+def _remote_rows(rd: RunDir) -> list[CheckpointRow]:
+    """The checkpoints on the run's mirror (the URL its supervisor recorded), committed or not."""
+    state = supervisor_state(rd)
+    url = state.config.get("mirror") if state is not None and isinstance(state.config, dict) else None
+    if not url:
+        return []
+    from ..mirror.remote import MirrorError, survey   # boto3 (the s3 extra) only for a mirrored run
+
+    try:
+        found, skipped = survey(str(url))
+    except MirrorError as e:
+        say(f"mirror {url}: cannot list it: {e}")
+        return []
+    rows = [CheckpointRow(name=rc.name, path=str(url).rstrip("/") + "/" + rc.name, step=rc.step, epoch=rc.manifest.epoch,
+                          batch_in_epoch=rc.manifest.batch_in_epoch, kind=rc.manifest.kind.value, loss=rc.manifest.loss,
+                          created_at=rc.manifest.created_at, size_bytes=sum(f.size for f in rc.manifest.files.values()),
+                          exact=rc.manifest.exact, is_best=False, is_latest=False, problem=None, remote=True)
+            for rc in found]
+    for u, why in skipped:
+        name = u.rstrip("/").rpartition("/")[2]
+        rows.append(CheckpointRow(name=name, path=u, step=parse_checkpoint_name(name) or 0, epoch=None, batch_in_epoch=None,
+                                  kind=None, loss=None, created_at=None, size_bytes=None, exact=None, is_best=False,
+                                  is_latest=False, problem=why, remote=True))
     return rows

@@ -14,7 +14,9 @@ import time
 from collections.abc import Callable
 from typing import Any, Optional
 
-from trainer_shim.rundir import CheckpointInfo, Event, RunDir, checkpoint_roots, commit_age, iter_checkpoint_dirs, newest_valid
+from trainer_shim.rundir import (
+    CheckpointInfo, Event, RunDir, checkpoint_roots, commit_age, iter_checkpoint_dirs, newest_valid, parse_checkpoint_name,
+)
 
 from ..messages import say
 from ._client import S3, MirrorError, MirrorUrl
@@ -125,7 +127,7 @@ class Mirror:
         if r.already:
             return
         age = commit_age(r.path)
-        self._emit(Event.CHECKPOINT_MIRRORED, path=str(r.path), url=r.url, bytes=r.bytes,
+        self._emit(Event.CHECKPOINT_MIRRORED, path=str(r.path), url=r.url, step=parse_checkpoint_name(r.path.name), bytes=r.bytes,
                    seconds=round(r.seconds, 3), lag_s=round(age, 3) if age is not None else None)
 
     def _failed(self, r: UploadFailed) -> None:

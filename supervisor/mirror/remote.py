@@ -21,7 +21,7 @@ from trainer_shim.rundir import CKPT_PREFIX, MANIFEST_NAME, Manifest, commit, pa
 
 from ._client import S3, MirrorError
 
-__all__ = ["RemoteCheckpoint", "list_remote", "download_checkpoint", "restore_newest"]
+__all__ = ["RemoteCheckpoint", "MirrorError", "list_remote", "download_checkpoint", "restore_newest", "fetch", "survey"]
 
 OnSkip = Callable[[str, str], None]   # (url, reason)
 
@@ -107,3 +107,34 @@ def restore_newest(s3: S3, ckpt_root: Path, newer_than: Optional[int],
             continue
         return rc, path, time.monotonic() - t0
     return None
+
+
+def fetch(url: str, into: Path, on_skip: Optional[OnSkip] = None) -> Path:
+    """A remote checkpoint downloaded verified under `into`: `url` names one checkpoint
+    (s3://BUCKET/PREFIX/step-N) or a mirror prefix (its newest committed checkpoint that verifies).
+    MirrorError (one line) when there is none."""
+    from ._client import MirrorUrl
+
+    parsed = MirrorUrl.parse(url)
+    parent, _, last = parsed.prefix.rstrip("/").rpartition("/")
+    one = last if parse_checkpoint_name(last) is not None else None
+    s3 = S3(MirrorUrl(parsed.bucket, parent + "/" if parent else "") if one else parsed)
+    s3.check()
+    candidates = [rc for rc in list_remote(s3, on_skip) if one is None or rc.name == one]
+    for rc in candidates:
+        try:
+            return download_checkpoint(s3, rc, into)
+        except MirrorError as e:
+            if on_skip:
+                on_skip(s3.url.url(rc.name), str(e))
+    raise MirrorError(f"{url} holds no committed checkpoint that verifies")
+
+
+def survey(url: str) -> tuple[list[RemoteCheckpoint], list[tuple[str, str]]]:
+    """For listings: the committed checkpoints under a mirror URL, newest first, and (url, reason) of
+    the names that do not count. MirrorError (one line) when the store cannot be read."""
+    from ._client import MirrorUrl
+
+    skipped: list[tuple[str, str]] = []
+    found = list_remote(S3(MirrorUrl.parse(url)), lambda u, why: skipped.append((u, why)))
+    return found, skipped
