@@ -152,6 +152,79 @@ def clients_table(url: str, mib: int, s3fs_path: str | None) -> None:
                       f"   {size:13.0f}" + ("" if r["ok"] else "   SIZE MISMATCH"))
 
 
+# --- part 2: the goals ---------------------------------------------------------------------------
+
+REPO = HERE.parent
+TOY = str(REPO / "tests" / "jobs" / "toy_train.py")
+
+
+def _hidden_for(mib: int) -> int:
+    """toy_train's --hidden whose checkpoint (model + Adam's two moments, float32) is about `mib` MiB."""
+    return int(((mib << 20) / 12) ** 0.5)
+
+
+def _events(rd: Path) -> list[dict]:
+    return [json.loads(ln) for ln in (rd / "events.jsonl").read_text().splitlines() if ln.strip()]
+
+
+def _iso(t: str) -> float:
+    import datetime as dt
+
+    return dt.datetime.fromisoformat(t).timestamp()
+
+
+def _train(tmp: Path, name: str, env: dict, mib: int, *mirror: str) -> tuple[float, list[dict]]:
+    """(steps/s of the training, events) of one supervised toy run saving ~`mib` MiB every 10 steps."""
+    rd = tmp / name
+    cmd = [sys.executable, "-m", "supervisor", "run", "--run-dir", str(rd), "--no-prestart", *mirror, TOY,
+           "--hidden", str(_hidden_for(mib)), "--samples", "320", "--epochs", "1", "--save-every", "10",
+           "--keep-last", "2", "--out", str(tmp / f"{name}.pt")]
+    subprocess.run(cmd, env=env, check=True, capture_output=True, timeout=1800)
+    ev = _events(rd)
+    first = next(e for e in ev if e["event"] == "first_step")
+    end = next(e for e in ev if e["event"] == "attempt_ended")
+    return end["step"] / (_iso(end["time"]) - _iso(first["time"])), ev
+
+
+def goals_table(url: str, mib: int) -> None:
+    import boto3
+
+    env = {**os.environ, **s3_env(url), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    s3 = boto3.client("s3", endpoint_url=url, aws_access_key_id="bench", aws_secret_access_key="bench",
+                      region_name="us-east-1")
+    s3.create_bucket(Bucket="bench-goals")
+    mirror = "s3://bench-goals/toy"
+    with tempfile.TemporaryDirectory() as t:
+        tmp = Path(t)
+        base, _ = _train(tmp, "plain", env, mib)
+        with_mirror, ev = _train(tmp, "mirrored", env, mib, "--mirror", mirror)
+        uploads = [e for e in ev if e["event"] == "checkpoint_mirrored"]
+        # A new node: an empty run dir, the same mirror; supervisor start -> the first training step.
+        t0 = time.time()
+        subprocess.run([sys.executable, "-m", "supervisor", "run", "--run-dir", str(tmp / "new-node"), "--no-prestart",
+                        "--mirror", mirror, TOY, "--hidden", str(_hidden_for(mib)), "--samples", "320", "--epochs", "1",
+                        "--save-every", "10", "--keep-last", "2", "--out", str(tmp / "new.pt")],
+                       env=env, check=True, capture_output=True, timeout=1800)
+        ev2 = _events(tmp / "new-node")
+        first_step = _iso(next(e for e in ev2 if e["event"] == "first_step")["time"]) - t0
+        restored = next(e for e in ev2 if e["event"] == "checkpoint_restored_from_mirror")
+        # The plain download of the same checkpoint with the same client (boto3, same part size).
+        from boto3.s3.transfer import TransferConfig
+
+        cfg = TransferConfig(multipart_threshold=16 << 20, multipart_chunksize=16 << 20, max_concurrency=4)
+        keys = [o["Key"] for o in s3.list_objects_v2(Bucket="bench-goals", Prefix=restored["url"][len("s3://bench-goals/"):])["Contents"]]
+        d0 = time.time()
+        for i, k in enumerate(keys):
+            s3.download_file("bench-goals", k, str(tmp / f"plain-{i}"), Config=cfg)
+        download = time.time() - d0
+    size = sum(e["bytes"] for e in uploads) / max(1, len(uploads)) / (1 << 20)
+    print(f"\ngoal                                      measured          goal   ({len(uploads)} uploads of ~{size:.0f} MiB)")
+    print(f"steps/s while uploading / without         {with_mirror / base:6.3f}          >= 0.95   "
+          f"({with_mirror:.2f} vs {base:.2f} steps/s)")
+    print(f"new node: start -> first step / download  {first_step / download:6.2f}          <= 1.5    "
+          f"({first_step:.1f}s vs {download:.1f}s; restore itself {restored['seconds']:.1f}s)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--one")
@@ -168,10 +241,7 @@ def main() -> None:
     try:
         clients_table(url, a.mib, a.s3fs_path)
         if not a.skip_goals:
-            sys.path.insert(0, str(HERE))
-            from bench_mirror_goals import goals_table
-
-            goals_table(url, s3_env(url), a.mib)
+            goals_table(url, a.mib)
     finally:
         proc.terminate()
         proc.wait()
