@@ -163,3 +163,13 @@ def test_bad_bucket_or_credentials_is_one_line_and_exit_2(tmp_path, s3_server, b
 
 
 # The S3 server down mid-training (uploads retried, one mirror_failed): test_mirror_long.py.
+
+
+def test_the_supervisor_without_a_mirror_never_imports_the_s3_client():
+    import subprocess
+    import sys
+
+    code = ("import sys, supervisor, supervisor.agent, supervisor.cli, supervisor.insight.status; "
+            "sys.exit(3 if {'boto3', 'botocore'} & set(sys.modules) else 0)")
+    r = subprocess.run([sys.executable, "-c", code], env=sup_env(), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
