@@ -174,12 +174,13 @@ def _iso(t: str) -> float:
 
 
 def _train(tmp: Path, name: str, env: dict, mib: int, *mirror: str) -> tuple[float, list[dict]]:
-    """(steps/s of the training, events) of one supervised toy run saving ~`mib` MiB every 10 steps."""
+    """(steps/s of the training, events) of one supervised toy run saving ~`mib` MiB every 10 steps,
+    its node lost at step 35 (so a new node has steps left to train from the step-30 checkpoint)."""
     rd = tmp / name
-    cmd = [sys.executable, "-m", "supervisor", "run", "--run-dir", str(rd), "--no-prestart", *mirror, TOY,
-           "--hidden", str(_hidden_for(mib)), "--samples", "320", "--epochs", "1", "--save-every", "10",
+    cmd = [sys.executable, "-m", "supervisor", "run", "--run-dir", str(rd), "--no-prestart", "--max-restarts", "0",
+           *mirror, TOY, "--hidden", str(_hidden_for(mib)), "--samples", "320", "--epochs", "1", "--save-every", "10",
            "--keep-last", "2", "--out", str(tmp / f"{name}.pt")]
-    subprocess.run(cmd, env=env, check=True, capture_output=True, timeout=1800)
+    subprocess.run(cmd, env={**env, "TOY_FAULTS": "1:raise@35"}, capture_output=True, timeout=1800)
     ev = _events(rd)
     first = next(e for e in ev if e["event"] == "first_step")
     end = next(e for e in ev if e["event"] == "attempt_ended")
