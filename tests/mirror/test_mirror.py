@@ -19,6 +19,7 @@ from tests.faults.common import reference
 from tests.support import FAST, TOY, events, invoke_cli, run_cli, start_cli, sup_env, wait_until, weights, assert_equal_state
 from trainer_shim.rundir import (
     MANIFEST_NAME, CheckpointKind, Event, FileEntry, Manifest, RunDir, checkpoint_name, commit, digest_file,
+    hf_checkpoint_name, record_extra_root,
 )
 
 from .conftest import S3Server
@@ -173,3 +174,26 @@ def test_the_supervisor_without_a_mirror_never_imports_the_s3_client():
             "sys.exit(3 if {'boto3', 'botocore'} & set(sys.modules) else 0)")
     r = subprocess.run([sys.executable, "-c", code], env=sup_env(), capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_a_frameworks_checkpoint_dirs_are_mirrored_too(tmp_path, s3_server, bucket):
+    """A HF Trainer's checkpoint-N/ in its output_dir (an extra root the integration records)."""
+    rd, out_dir = RunDir(tmp_path / "run"), tmp_path / "trainer-output"
+    rd.checkpoints.mkdir(parents=True)
+    ckpt = out_dir / hf_checkpoint_name(7)
+    ckpt.mkdir(parents=True)
+    (ckpt / "model.safetensors").write_bytes(b"w" * 4096)
+    files = {"model.safetensors": FileEntry(4096, digest_file(ckpt / "model.safetensors"))}
+    commit.commit_in_place(ckpt, Manifest.create(files, step=7, epoch=0, batch_in_epoch=7, kind=CheckpointKind.STEP,
+                                                 loss=None).to_bytes())
+    record_extra_root(rd, out_dir)
+    r = run_cli("--run-dir", str(rd.root), "--mirror", f"s3://{bucket}/hf", *QUICK_JOB, env=sup_env(**s3_server.env()))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert [e["url"] for e in events(rd.root, Event.CHECKPOINT_MIRRORED)] == [f"s3://{bucket}/hf/{ckpt.name}"]
+    keys = {o["Key"] for o in s3_server.client().list_objects_v2(Bucket=bucket)["Contents"]}
+    assert keys == {f"hf/{ckpt.name}/model.safetensors", f"hf/{ckpt.name}/{MANIFEST_NAME}"}
+
+
+def test_a_mirror_that_is_not_an_s3_url_is_one_line_and_exit_2(tmp_path):
+    r = invoke_cli("--run-dir", str(tmp_path / "run"), "--mirror", "/mnt/backup", "--", "python3", "-c", "pass")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "use s3://BUCKET/PREFIX" in r.stderr, r.stderr
