@@ -36,7 +36,8 @@ def main() -> None:
     model, loader, trainer = build(callbacks=[cb, FaultCallback(faults)])
     model.net.register_forward_pre_hook(faults.in_forward)  # training_step calls self.net
     trainer.fit(model, train_dataloaders=loader, ckpt_path=cb.resume_from())
-    torch.save({k: v.clone() for k, v in model.state_dict().items()}, a.out)
+    if trainer.is_global_zero:  # DDP: every rank holds the same weights
+        torch.save({k: v.clone() for k, v in model.state_dict().items()}, a.out)
 
 
 if __name__ == "__main__":
