@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 from trainer_shim import rundir
-from tests.support import assert_equal_state, ended_kinds, events, kill_group, run_cli, start_cli, sup_env, weights
+from tests.support import assert_equal_state, ended_kinds, events, kill_group, start_cli, sup_env, weights
 
 HERE = Path(__file__).resolve().parent
 HF_JOB, PL_JOB = HERE / "hf_job.py", HERE / "lightning_job.py"

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from tests.integrations.ranks import HF_JOB, committed_files, two_rank_campaign
 from tests.integrations.test_integrations import _needs
 
