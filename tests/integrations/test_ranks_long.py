@@ -9,9 +9,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.integrations.ranks import HF_JOB, PL_JOB, committed_files, two_rank_campaign
 from tests.integrations.test_integrations import _needs
 from tests.support import events
+
+pytestmark = pytest.mark.long
 
 
 def _hang_named_a_rank(run: Path, attempt: int) -> None:
