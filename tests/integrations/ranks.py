@@ -23,7 +23,8 @@ def _job_args(job: Path, run: Path, out: Path) -> list[str]:
     return [str(job), *extra, "--out", str(out)]
 
 
-def _start(job: Path, d: Path, faults: str) -> tuple[subprocess.Popen, Path, Path]:
+def start_run(job: Path, d: Path, faults: str) -> tuple[subprocess.Popen, Path, Path]:
+    """`resilient-run --nproc-per-node 2 job` in d/run (weights: d/weights.pt) with RRTEST_FAULTS=faults."""
     d.mkdir(parents=True)
     run, out = d / "run", d / "weights.pt"
     p = start_cli("run", "--run-dir", str(run), *FAST, *_job_args(job, run, out), env=sup_env(RRTEST_FAULTS=faults),
@@ -31,7 +32,8 @@ def _start(job: Path, d: Path, faults: str) -> tuple[subprocess.Popen, Path, Pat
     return p, run, out
 
 
-def _wait(p: subprocess.Popen, timeout: float = 300) -> str:
+def finish(p: subprocess.Popen, timeout: float = 300) -> str:
+    """Wait for a run started by start_run (its whole group killed after); its stderr."""
     try:
         _, err = p.communicate(timeout=timeout)
     finally:
@@ -42,10 +44,10 @@ def _wait(p: subprocess.Popen, timeout: float = 300) -> str:
 def two_rank_campaign(job: Path, tmp: Path, faults: str, kinds: list[str]) -> Path:
     """The faulted 2-rank run and the uninterrupted one side by side; asserts the attempts ended as
     `kinds`, every rank heartbeat, and the final weights equal; returns the faulted run's dir."""
-    base, _, base_out = _start(job, tmp / "baseline", "")
-    p, run, out = _start(job, tmp / "faulted", faults)
-    err = _wait(p)
-    base_err = _wait(base)
+    base, _, base_out = start_run(job, tmp / "baseline", "")
+    p, run, out = start_run(job, tmp / "faulted", faults)
+    err = finish(p)
+    base_err = finish(base)
     assert base.returncode == 0, base_err[-3000:]
     assert p.returncode == 0, err[-3000:]
     assert ended_kinds(run) == kinds, [(e["kind"], e["evidence"]) for e in events(run, "attempt_ended")]

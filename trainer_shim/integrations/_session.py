@@ -238,8 +238,8 @@ class Session:
         self.hb.stop()
         self.hb.write_now(phase=Phase.STOPPING.value)
         self.mark.close()
-        say(f"stop requested (signal {self.stop.signum}); checkpoint at step {self.checkpoint_step}; "
-            f"exiting {rundir.EXIT_PREEMPTED}")
+        where = f"checkpoint at step {self.checkpoint_step}" if self.is_zero else "rank 0 committed the checkpoint"
+        say(f"stop requested (signal {self.stop.signum}); {where}; exiting {rundir.EXIT_PREEMPTED}")
         sys.exit(rundir.EXIT_PREEMPTED)
 
     def install_stop(self) -> None:
