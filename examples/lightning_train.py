@@ -36,14 +36,15 @@ class Regressor(pl.LightningModule):
         return {"optimizer": opt, "lr_scheduler": torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.9)}
 
 
-def build(epochs: int = 3, callbacks: Optional[list[Any]] = None, root: Optional[str] = None) -> tuple:
+def build(epochs: int = 3, callbacks: Optional[list[Any]] = None, root: Optional[str] = None, **trainer_args: Any) -> tuple:
+    """`trainer_args` override the Trainer's defaults (e.g. strategy="ddp", devices=2 under torchrun)."""
     pl.seed_everything(0, verbose=False)
     g = torch.Generator().manual_seed(1234)
     data = TensorDataset(torch.randn(256, 16, generator=g), torch.randn(256, 1, generator=g))
     loader = DataLoader(data, batch_size=16, shuffle=True)
-    trainer = pl.Trainer(max_epochs=epochs, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks,
-                         default_root_dir=root)
+    trainer = pl.Trainer(**{**dict(max_epochs=epochs, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                                   enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks,
+                                   default_root_dir=root), **trainer_args})
     return Regressor(), loader, trainer
 
 

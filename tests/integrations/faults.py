@@ -1,7 +1,7 @@
 """Job-side fault injection for the integration tests (test-only knob RRTEST_FAULTS).
 
 RRTEST_FAULTS="1:truncate@17,2:savekill@25,3:hang@28,4:pause@32": in attempt A (RESILIENT_ATTEMPT),
-at global step S:
+at global step S (`kind@S/R`: only on rank R of a multi-rank job, RANK as torchrun sets it):
   kill      SIGKILL at the end of step S (after the callbacks ran)
   truncate  truncate the largest file of the newest committed checkpoint, then SIGKILL (disk damage + kill)
   savekill  SIGKILL inside the framework's save at step S, before our manifest
@@ -22,11 +22,13 @@ from trainer_shim import rundir
 
 def _parse() -> dict[str, int]:
     attempt = os.environ.get(rundir.ENV_ATTEMPT, "1")
+    rank = os.environ.get("RANK", "0")
     out = {}
     for item in filter(None, os.environ.get("RRTEST_FAULTS", "").split(",")):
         a, _, rest = item.partition(":")
-        kind, _, step = rest.partition("@")
-        if a == attempt:
+        kind, _, where = rest.partition("@")
+        step, _, only = where.partition("/")
+        if a == attempt and only in ("", rank):
             out[kind] = int(step)
     return out
 

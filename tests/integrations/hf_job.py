@@ -45,7 +45,8 @@ def main() -> None:
     trainer = build(a.output_dir, callbacks=[FaultCallback(faults), cb, AfterStep(faults)])
     trainer.model.register_forward_pre_hook(faults.in_forward)
     trainer.train(resume_from_checkpoint=cb.resume_from(a.output_dir))
-    torch.save({k: v.clone() for k, v in trainer.model.state_dict().items()}, a.out)
+    if trainer.is_world_process_zero():  # DDP: every rank holds the same weights
+        torch.save({k: v.clone() for k, v in trainer.model.state_dict().items()}, a.out)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import argparse  # noqa: E402
+import os  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -33,10 +34,15 @@ def main() -> None:
     a = p.parse_args()
     cb = ResilientCallback(save_every_steps=5)
     faults = Faults(cb)
-    model, loader, trainer = build(callbacks=[cb, FaultCallback(faults)])
+    # Under torchrun (WORLD_SIZE > 1): Lightning DDP with one process per rank; torchrun started them
+    # all, so Lightning does not spawn.
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    ddp = dict(strategy="ddp", devices=world, num_nodes=1) if world > 1 else {}
+    model, loader, trainer = build(callbacks=[cb, FaultCallback(faults)], **ddp)
     model.net.register_forward_pre_hook(faults.in_forward)  # training_step calls self.net
     trainer.fit(model, train_dataloaders=loader, ckpt_path=cb.resume_from())
-    torch.save({k: v.clone() for k, v in model.state_dict().items()}, a.out)
+    if trainer.is_global_zero:  # DDP: every rank holds the same weights
+        torch.save({k: v.clone() for k, v in model.state_dict().items()}, a.out)
 
 
 if __name__ == "__main__":

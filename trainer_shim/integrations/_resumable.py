@@ -48,7 +48,8 @@ class ResumableLoader:
             if can_skip_by_index(self.loader):
                 dl, skip = resumed_loader(self.loader, k)
                 it = iter(dl)
-                skip.prime()
+                if not _ordered_by_epoch(self.loader):
+                    skip.prime()
             else:
                 it = skip_plain(self.loader, k)
             rng.restore(res["rng"], gen)
@@ -72,3 +73,11 @@ class ResumableLoader:
 
     def load_state_dict(self, state: dict) -> None:
         self._resume = state if state and state.get("epoch_rng") is not None else None
+
+
+def _ordered_by_epoch(loader: Any) -> bool:
+    """Whether the loader's order comes from its sampler's set_epoch (DistributedSampler), not from the
+    RNG: Lightning sets the epoch after a resume has created the iterator, so the skip waits for the
+    first batch (such a sampler draws nothing from the RNG the skip would otherwise have to see)."""
+    samplers = (getattr(loader, "sampler", None), getattr(getattr(loader, "batch_sampler", None), "sampler", None))
+    return any(callable(getattr(s, "set_epoch", None)) for s in samplers)

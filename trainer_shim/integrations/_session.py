@@ -33,22 +33,36 @@ def product_env() -> RunEnv:
         raise ConfigError(str(e)) from e
 
 
+# How long a rank waits at a checkpoint barrier for the others (the raw loop's default): a rank that
+# died or hangs ends the wait with CollectiveTimeout (non-zero exit) rather than holding the job.
+COLLECTIVE_TIMEOUT_S = 300.0
+
+
 class Session:
-    """One training process's side of the run dir (rank 0 of a single-process job)."""
+    """One training process's side of the run dir: rank R of a job of `world_size` ranks (as torchrun,
+    accelerate or any launcher setting RANK/WORLD_SIZE started it; a lone process is rank 0 of 1).
+
+    Every rank has its own heartbeat, step mark and error record; rank 0 alone commits manifests,
+    rotates and cleans up, after the barrier (`sync`) that says every rank's files are written.
+    """
 
     def __init__(self, run_dir: Path, *, heartbeat_interval: float = 1.0, keep_last: int = 3,
                  env: Optional[RunEnv] = None) -> None:
         self.env = env if env is not None else product_env()
-        self.rd = rundir.ensure_run_dir(run_dir)
+        launcher = rundir.LauncherEnv.from_environ(os.environ)
+        self.rank, self.world_size = launcher.rank, launcher.world_size
+        self.rd = rundir.ensure_run_dir(run_dir, self.env.node)
         self.attempt = self.env.attempt
+        self._group: Any = None   # distributed.Dist once torch.distributed is up (see `group`)
         self._rotation_roots: list[Path] = []
         # Deleted before returning: a framework's process may end (or be killed) right after a save.
         self.retention = Retention(self.rd, lambda: self._rotation_roots, keep_last=keep_last,
                                    keep_epochs=keep_last, keep_best=0, background=False)
         self.resumed_from: Optional[Path] = None
         self.checkpoint_step: Optional[int] = None
-        self.hb = Heartbeat(self.rd.heartbeat(0), rank=0, attempt=self.attempt, interval=heartbeat_interval)
-        self.mark = StepMark(self.rd.step_mark(0))  # before the first beat: the supervisor's reached_step relies on it
+        self.hb = Heartbeat(self.rd.heartbeat(self.rank), rank=self.rank, attempt=self.attempt,
+                            interval=heartbeat_interval, node=self.rd.node)
+        self.mark = StepMark(self.rd.step_mark(self.rank))  # before the first beat: the supervisor's reached_step relies on it
         self.hb.write_now()  # phase starting: the supervisor's startup clock stops here
         self.hb.start()
         # Installed together, removed together at finish (or by the next Run/Session of this
@@ -93,7 +107,8 @@ class Session:
             self._restored_time = rundir.now_iso()
         elif phase == Phase.TRAINING.value and not self._first_step_seen:
             self._first_step_seen = True
-            self.event(Event.FIRST_STEP, step=step, restored_time=self._restored_time, pid=os.getpid())
+            if self.is_zero:  # one mark per attempt, as native runs write it
+                self.event(Event.FIRST_STEP, step=step, restored_time=self._restored_time, pid=os.getpid())
 
     def beat_due(self) -> bool:
         """Whether the next beat() writes (so a caller can skip computing what only the file needs)."""
@@ -122,14 +137,45 @@ class Session:
 
     def _on_exception(self, tp: type, value: BaseException, tb: Optional[TracebackType]) -> None:
         if not issubclass(tp, (SystemExit, KeyboardInterrupt)):
-            record_exception(self.rd, self.attempt, 0, tp, value, tb, step=self.hb.fields.get("step"))
+            record_exception(self.rd, self.attempt, self.rank, tp, value, tb, step=self.hb.fields.get("step"))
+
+    # --- ranks ---------------------------------------------------------------------------------
+
+    @property
+    def is_zero(self) -> bool:
+        """Whether this process commits, rotates and cleans up (rank 0, or a single process)."""
+        return self.rank == 0
+
+    @property
+    def group(self) -> Any:
+        """The shim's collectives among the job's ranks (the raw loop's: a gloo group of its own with a
+        timeout); a world of one, or a job that never initialised torch.distributed, needs none.
+        Created on first use, which every rank must reach at the same point (new_group is collective)."""
+        if self._group is None:
+            from .._process import distributed
+
+            multi = self.world_size > 1 and distributed.active_world_size() == self.world_size
+            self._group = distributed.Dist(COLLECTIVE_TIMEOUT_S) if multi else distributed.Solo()
+        return self._group
+
+    def sync(self, what: str) -> None:
+        """Barrier of every rank (nothing in a world of one)."""
+        self.group.barrier(what)
+
+    def stop_agreed(self) -> bool:
+        """Whether any rank was asked to stop: every rank must save and exit at the same step (a save
+        is collective), though SIGTERM reaches each at its own moment. One all-reduce per step."""
+        return self.group.agree(self.stop.requested, False)[0]
 
     # --- resume --------------------------------------------------------------------------------
 
     def choose(self, roots: Iterable[Path]) -> Optional[rundir.CheckpointInfo]:
         """The supervisor's choice (RESILIENT_RESUME_FROM) if it verifies, else the newest valid one:
         the chooser of native runs, over the framework's roots, every file's digest checked."""
-        info = rundir.choose([Path(r) for r in roots], self.env.resume_from, full=True, on_reject=self.reject)
+        # Every rank reads the same files and the supervisor's same choice, so all choose alike;
+        # rank 0 alone reports the rejections.
+        info = rundir.choose([Path(r) for r in roots], self.env.resume_from, full=True,
+                             on_reject=self.reject if self.is_zero else None)
         self.resumed_from = info.path if info else None
         self.retention.resumed_step = info.step if info else None
         return info
@@ -138,12 +184,14 @@ class Session:
         """Choose the checkpoint to resume from (see choose), remove the torn dirs newer than it in
         `writes_into` (where the framework saves next) and record it in the heartbeat; None: fresh."""
         info = self.choose(roots)
-        self.discard_newer([writes_into], info.step if info else -1)
+        if self.is_zero:  # one rank removes; the others would race it for the same dirs
+            self.discard_newer([writes_into], info.step if info else -1)
         if info is None:
             return None
         self.checkpoint_step = info.step
         self.hb.fields.update(resumed_from=str(info.path), checkpoint_step=info.step)
-        say(f"resuming from {info.path} (step {info.step})")
+        if self.is_zero:
+            say(f"resuming from {info.path} (step {info.step})")
         return info
 
     def discard_newer(self, roots: Iterable[Path], step: int) -> None:
@@ -190,8 +238,8 @@ class Session:
         self.hb.stop()
         self.hb.write_now(phase=Phase.STOPPING.value)
         self.mark.close()
-        say(f"stop requested (signal {self.stop.signum}); checkpoint at step {self.checkpoint_step}; "
-            f"exiting {rundir.EXIT_PREEMPTED}")
+        where = f"checkpoint at step {self.checkpoint_step}" if self.is_zero else "rank 0 committed the checkpoint"
+        say(f"stop requested (signal {self.stop.signum}); {where}; exiting {rundir.EXIT_PREEMPTED}")
         sys.exit(rundir.EXIT_PREEMPTED)
 
     def install_stop(self) -> None:

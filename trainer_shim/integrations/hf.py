@@ -98,6 +98,7 @@ class ResilientCallback(TrainerCallback):
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         s = self._start(args.output_dir)
         s.install_stop()
+        s.group  # every rank here together: the shim's barrier group is created collectively
         self._limit = args.save_total_limit
         s.set_keep_last(self._limit if self._limit else _UNLIMITED)
         args.save_total_limit = None  # we rotate, after our manifest is committed
@@ -116,7 +117,7 @@ class ResilientCallback(TrainerCallback):
         s = self.session
         if s is None:
             return
-        if s.stop.requested and not self._stopping:
+        if not self._stopping and s.stop_agreed():
             self._stopping = True
             control.should_save = True
             control.should_training_stop = True
@@ -155,8 +156,22 @@ class ResilientCallback(TrainerCallback):
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         s = self.session
-        if s is None or not args.should_save:
+        if s is None:
             return
+        # The Trainer's save is collective but ends without a barrier: rank 0 writes the model and
+        # optimizer while every rank writes its own rng_state_<rank>.pth. The manifest must hash them all.
+        s.sync("every rank's checkpoint files written")
+        if args.should_save:
+            self._commit(args, state)
+        if self._stopping:
+            s.sync("preempt checkpoint committed")  # no rank exits (and makes torchrun end the rest) before it
+            s.exit_preempted()
+        s.beat(state.global_step, int(state.epoch or 0), Phase.TRAINING.value)
+
+    def _commit(self, args: Any, state: Any) -> None:
+        """Rank 0: the manifest of the Trainer's checkpoint-N/, then `latest`, index and rotation."""
+        s = self.session
+        assert s is not None
         path = Path(args.output_dir) / hf_checkpoint_name(state.global_step)
         if not path.is_dir():
             say(f"warning: the Trainer reported a save but {path} does not exist")
@@ -174,6 +189,3 @@ class ResilientCallback(TrainerCallback):
             # The stall: the Trainer's save and our manifest.
             took = time.monotonic() - self._save_t0 if self._save_t0 is not None else None
             s.committed(path, manifest, self._roots(), protect=[Path(best)] if best else [], seconds=took)
-        if self._stopping:
-            s.exit_preempted()
-        s.beat(state.global_step, int(state.epoch or 0), Phase.TRAINING.value)

@@ -14,6 +14,7 @@ and the same RNG state, which Lightning alone does not give for a plain shuffled
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 import time
@@ -96,6 +97,8 @@ class _Resilient:
             if isinstance(loader, (list, tuple, dict)) or loader is None:
                 say("warning: several train loaders: mid-epoch resume is not exact for them")
                 return loader
+            if trainer.world_size > 1:
+                loader = _with_distributed_sampler(trainer, loader)
             self._loader = ResumableLoader(loader)
             return self._loader
 
@@ -108,6 +111,7 @@ class _Resilient:
         # After Lightning's own SIGTERM handler (it would raise SystemExit(1) at the next batch,
         # before our save): SIGTERM now means "save at this step's end and exit 75".
         s.install_stop()
+        s.group  # every rank here together (torch.distributed is up): the barrier group is made collectively
         s.beat(trainer.global_step, trainer.current_epoch, Phase.STARTING.value)  # `training` from the first step on
 
     # --- per step ------------------------------------------------------------------------------
@@ -118,8 +122,9 @@ class _Resilient:
             return
         step = trainer.global_step
         s.beat(step, trainer.current_epoch, Phase.TRAINING.value, _loss(outputs) if s.beat_due() else None)
-        if s.stop.requested:
+        if s.stop_agreed():
             self._save(trainer, CheckpointKind.PREEMPT)
+            s.sync("preempt checkpoint committed")  # no rank exits (and makes torchrun end the rest) before it
             s.exit_preempted()
         if self.save_every_steps and step % self.save_every_steps == 0 and step != self._saved_step:
             self._save(trainer, CheckpointKind.STEP)
@@ -148,21 +153,48 @@ class _Resilient:
     # --- save ----------------------------------------------------------------------------------
 
     def _save(self, trainer: Any, kind: CheckpointKind) -> Optional[Path]:
+        """Collective (every rank calls it at the same step): Lightning's save, a barrier, then global
+        zero alone commits. The checkpoint path on rank 0, None elsewhere or when the save failed."""
         s = self.session
         assert s is not None
         step = trainer.global_step
         final = s.rd.checkpoint(step)
-        if final.exists():
+        if final.exists():  # every rank sees the same: rank 0 renames only after the barrier below
             self._saved_step = step
             return final
-        tmp = rundir.commit.tmp_dir(s.rd.checkpoints, final.name)
         t0 = time.monotonic()
         s.hb.begin_save()
+        ok = self._write(trainer, final)
+        s.sync("every rank's checkpoint files written")
+        if not trainer.is_global_zero:
+            self._saved_step = step
+            s.hb.end_save(checkpoint_step=step if ok else None)
+            return None
+        return self._commit(trainer, final, kind, t0) if ok else None
+
+    def _write(self, trainer: Any, final: Path) -> bool:
+        """Lightning's own checkpoint (collective: global zero writes the file) into the temp dir."""
+        s = self.session
+        assert s is not None
+        tmp = rundir.commit.tmp_dir(s.rd.checkpoints, final.name)
         try:
-            rundir.commit.fresh_tmp_dir(s.rd.checkpoints, final.name)
+            if trainer.is_global_zero:  # one rank prepares the dir; another would remove it under the writer
+                rundir.commit.fresh_tmp_dir(s.rd.checkpoints, final.name)
             trainer.save_checkpoint(tmp / LIGHTNING_CKPT, weights_only=False)  # full state: optimizer, loops, loader
-            if not trainer.is_global_zero:
-                return None
+            return True
+        except OSError as e:
+            shutil.rmtree(tmp, ignore_errors=True)
+            s.save_failed(final, e, f"checkpoint at step {trainer.global_step} failed")
+            s.hb.end_save()
+            return False
+
+    def _commit(self, trainer: Any, final: Path, kind: CheckpointKind, t0: float) -> Optional[Path]:
+        """Global zero: manifest, rename into place, `latest`, index and rotation."""
+        s = self.session
+        assert s is not None
+        step = trainer.global_step
+        tmp = rundir.commit.tmp_dir(s.rd.checkpoints, final.name)
+        try:
             batch = self._loader.batches if self._loader is not None else 0
             manifest = Manifest.create(rundir.commit.hash_tree(tmp), step=step, epoch=trainer.current_epoch,
                                        batch_in_epoch=batch, kind=kind, loss=s.hb.fields.get("loss"))
@@ -176,6 +208,17 @@ class _Resilient:
         self._saved_step = step
         s.hb.end_save(checkpoint_step=step)
         return final
+
+
+def _with_distributed_sampler(trainer: Any, loader: Any) -> Any:
+    """The loader with the DistributedSampler Lightning would inject itself: it does so only into a plain
+    DataLoader, which our ResumableLoader wrapper is not, and every rank would then train on every sample."""
+    try:
+        stages = importlib.import_module(type(trainer).__module__.rsplit(".", 1)[0] + ".states")
+        return trainer._data_connector._prepare_dataloader(loader, shuffle=True, mode=stages.RunningStage.TRAINING)
+    except (ImportError, AttributeError) as e:  # another Lightning version: say so, train on
+        say(f"warning: cannot add Lightning's distributed sampler to the train loader ({e}); every rank sees every sample")
+        return loader
 
 
 def _loss(outputs: Any) -> Optional[float]:
