@@ -16,7 +16,7 @@ rooms named `_x` are internal: a script relies only on `__all__`:
     _process/      the process around the loop: heartbeats, signals, hooks, collectives
                      distributed, heartbeat, hooks, messages, signals
     _policies/     judgements on a running job: divergence, provenance, when to save
-                     divergence, provenance, save_interval, save_time
+                     divergence, memory_interval, provenance, save_interval, save_time
     _insight/      looking inside: doctor-mode probes, checkpoint export
                      export, probe
     _launch/       launchers the supervisor prestarts: a waiting torchrun, a warm interpreter

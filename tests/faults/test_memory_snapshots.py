@@ -1,5 +1,6 @@
-"""Memory snapshots that survive the trainer: kill -9 loses at most one step, the
-supervisor persists the snapshot, a half-written or untrusted slot is never used, no slot is left."""
+"""Memory snapshots that survive the trainer: a kill -9 after a snapshot completed loses nothing,
+one while its background hash still runs falls back to the previous snapshot, the supervisor
+persists the newest complete one, a half-written or untrusted slot is never used, no slot is left."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ def test_kill9_with_a_snapshot_every_step_loses_nothing_and_the_supervisor_persi
     ref = reference(tmp_path, *SMALL)
     run_dir, out = tmp_path / "run", tmp_path / "weights.pt"
     p = start_cli("--run-dir", str(run_dir), *SUP, TOY, *SMALL, "--out", str(out),
-                  env=sup_env(**MEM, TOY_FAULTS="1:kill@7,2:kill@17"))
+                  env=sup_env(**MEM, TOY_FAULTS="1:kill_settled@7,2:kill_settled@17"))
     try:
         rc = p.wait(180)
     finally:
@@ -44,21 +45,44 @@ def test_kill9_with_a_snapshot_every_step_loses_nothing_and_the_supervisor_persi
     assert not shm_segments(run_dir), "the supervisor left its shared-memory slots behind"
 
 
-def _killed_standalone(run_dir: Path) -> list[Path]:
-    """Attempt 1 killed right after step 17 with a snapshot every step: slots hold steps 16 and 17."""
-    p = run_toy(run_dir, *SMALL[:2], "--save-every", "5", faults="1:kill@17", env={**PLAIN, **MEM})
+def test_kill9_while_the_snapshot_is_still_hashed_resumes_from_the_previous_one(tmp_path: Path) -> None:
+    """run.step() 12 returned with its snapshot copied but not yet hashed: the slot of step 12 has
+    no manifest, so the supervisor persists step 11's and the next attempt redoes step 12."""
+    ref = reference(tmp_path, *SMALL)
+    run_dir, out = tmp_path / "run", tmp_path / "weights.pt"
+    p = start_cli("--run-dir", str(run_dir), *SUP, TOY, *SMALL, "--out", str(out),
+                  env=sup_env(**MEM, TOY_FAULTS="1:kill_hashing@12"))
+    try:
+        rc = p.wait(180)
+    finally:
+        kill_group(p)
+    assert rc == 0, p.stderr.read()[-3000:]
+    assert ended_kinds(run_dir) == ["signal", "success"]
+    persisted = events(run_dir, rundir.Event.CHECKPOINT_PERSISTED_BY_SUPERVISOR)
+    assert [e["step"] for e in persisted] == [11], persisted
+    assert not events(run_dir, "checkpoint_rejected"), "the incomplete slot was offered"
+    assert first_steps(run_dir) == {1: 1, 2: 12}
+    assert_bit_exact(out, ref)
+    assert not shm_segments(run_dir)
+
+
+def _killed_standalone(run_dir: Path) -> tuple[list[Path], int]:
+    """Attempt 1 killed right after step 17's snapshot completed (a snapshot due every step, one
+    skipped while the previous one is still hashed): the newest slot holds step 17; the older
+    slot's step is returned."""
+    p = run_toy(run_dir, *SMALL[:2], "--save-every", "5", faults="1:kill_settled@17", env={**PLAIN, **MEM})
     assert p.returncode == -9, p.stderr[-2000:]
     slots = sorted(shm_segments(run_dir), key=lambda s: rundir.read_json(s / rundir.MANIFEST_NAME)["global_step"])
     steps = [rundir.read_json(s / rundir.MANIFEST_NAME)["global_step"] for s in slots]
-    assert steps == [16, 17], steps
-    return slots
+    assert len(steps) == 2 and steps[1] == 17 and 14 <= steps[0] < 17, steps
+    return slots, steps[0]
 
 
 @pytest.mark.parametrize("damage", ["half_written", pytest.param("loose_mode", marks=pytest.mark.long), "foreign_owner"])
 def test_a_half_written_or_untrusted_slot_is_never_used(tmp_path: Path, damage: str) -> None:
     args = (*SMALL[:2], "--save-every", "5")
     run_dir = tmp_path / "run"
-    older, newest = _killed_standalone(run_dir)
+    (older, newest), older_step = _killed_standalone(run_dir)
     if damage == "half_written":  # what fill() leaves until finalize(): data changing, no manifest
         (newest / rundir.MANIFEST_NAME).unlink()
     elif damage == "loose_mode":
@@ -68,7 +92,8 @@ def test_a_half_written_or_untrusted_slot_is_never_used(tmp_path: Path, damage: 
     try:
         p = run_toy(run_dir, *args, attempt=2, env={**PLAIN, **MEM})
         assert p.returncode == 0, p.stderr[-3000:]
-        assert first_steps(run_dir)[2] == 17, p.stderr   # resumed from step 16: never from the slot of step 17
+        # Resumed from the older slot (or the disk save of step 15): never from the slot of step 17.
+        assert first_steps(run_dir)[2] == max(older_step, 15) + 1, p.stderr
         if damage != "half_written":
             rejected = events(run_dir, "checkpoint_rejected")
             assert rejected and "not trusted" in rejected[0]["reason"], rejected

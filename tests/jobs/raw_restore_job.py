@@ -63,6 +63,7 @@ def main() -> None:
             step(model, opt)
             if n <= args.steps:
                 run.step()
+                run.engine.fast.drain()  # each snapshot complete (hashed in the background) before the next
             want[n] = {k: v.clone() for k, v in tensors(model, opt).items()}
         torch.save(want, args.expect)
         os.kill(os.getpid(), signal.SIGKILL)

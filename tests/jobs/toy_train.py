@@ -6,7 +6,9 @@ ACTIONs: kill, raise, exitN, hang, deadlock, cuda_oom, alloc, sigterm,
 worker_hang (the DataLoader's __getitem__ blocks forever from now on in this attempt, so the
 main process waits on its workers), stall_save (the next checkpoint's first large write blocks
 forever: a save that stops making progress), kill_save (SIGKILL at the next checkpoint's first
-large write: a kill placed inside a save).
+large write: a kill placed inside a save), kill_settled (SIGKILL once the memory snapshot of this
+step is complete), kill_hashing (SIGKILL while this step's memory snapshot is copied but its
+background hash never ends: the slot has no manifest; the previous step's snapshot is complete).
 
 Other knobs (environment):
   TOY_WRITE_MBPS=R       large writes (>= 1 MiB, i.e. checkpoint tensors) are throttled to R MB/s:
@@ -88,6 +90,25 @@ def _throttled_write(fd: int, data) -> int:
     return _real_write(fd, data)
 
 
+_HASHING = threading.Event()       # kill_hashing: the held snapshot's hash has started
+
+
+def hold_hash_at(step: int) -> None:
+    """kill_hashing: the background hash of step `step`'s memory snapshot never finishes."""
+    from trainer_shim._engine import memory_snapshot
+
+    real = memory_snapshot.Slot.finalize
+
+    def held(self, snap, meta, world_size=1):
+        if snap.global_step == step:
+            _HASHING.set()
+            while True:
+                time.sleep(3600)
+        return real(self, snap, meta, world_size)
+
+    memory_snapshot.Slot.finalize = held
+
+
 def parse_faults(spec: str, attempt: int) -> dict[int, str]:
     out = {}
     for item in filter(None, (s.strip() for s in spec.split(","))):
@@ -98,9 +119,13 @@ def parse_faults(spec: str, attempt: int) -> dict[int, str]:
     return out
 
 
-def inject(action: str) -> None:
+def inject(action: str, run=None) -> None:
     sys.stdout.flush()
-    if action == "kill":
+    if action == "kill_settled":
+        run.engine.fast.drain()
+    elif action == "kill_hashing":
+        _HASHING.wait(60)
+    if action in ("kill", "kill_settled", "kill_hashing"):
         os.kill(os.getpid(), signal.SIGKILL)
     elif action == "raise":
         raise RuntimeError("injected crash")
@@ -167,6 +192,11 @@ def main() -> None:
                             run_dir=args.run_dir, save_every_steps=args.save_every, keep_last=args.keep_last,
                             fallback_dir=args.fallback_dir, async_save=os.environ.get("TOY_ASYNC_SAVE") == "1",
                             memory_every_steps=int(os.environ.get("TOY_MEMORY_EVERY") or 0) or None)
+    held = [s for s, a in faults.items() if a == "kill_hashing"]
+    if held:
+        hold_hash_at(held[0])
+    # kill_settled/kill_hashing at N: the snapshot of N is taken (not skipped while N-1's is hashed).
+    settle = {s - 1 for s, a in faults.items() if a in ("kill_settled", "kill_hashing")}
     run.state.setdefault("seen", 0)
     poison = os.environ.get("TOY_CRASH_IF_RESUMED_FROM_STEP")
     if poison and run.resumed_from and run.global_step == int(poison):
@@ -177,8 +207,10 @@ def main() -> None:
             loss = train_step(model, opt, loss_fn, x, y, per_step)
             run.state["seen"] += len(x)
             run.step(loss=loss)
+            if run.global_step in settle:
+                run.engine.fast.drain()
             if run.global_step in faults:
-                inject(faults[run.global_step])
+                inject(faults[run.global_step], run)
             if step_sleep:
                 time.sleep(step_sleep)
         per_epoch.step()

@@ -95,3 +95,71 @@ def test_init_auto_uses_the_run_dirs_mtbf_and_the_measured_save(tmp_path):
     assert after == pytest.approx(young_daly(cost, 3600.0))     # 2 h of attempts, 2 failures
     hb = json.loads((rd / "heartbeats" / "rank-0.json").read_text())
     assert hb["save_interval_s"] == pytest.approx(after, abs=1e-3)
+
+
+def test_memory_auto_is_young_daly_capped_at_one_percent_of_training_time():
+    from trainer_shim._policies.memory_interval import BUDGET, AutoMemory, memory_interval_s
+
+    assert memory_interval_s(0.04, 24 * 3600) == pytest.approx(0.04 / BUDGET)    # rare failures: the cap
+    assert memory_interval_s(0.04, 10) == pytest.approx((2 * 0.04 * 10) ** 0.5)  # frequent ones: Young/Daly
+    a = AutoMemory(mtbf_s=10)
+    assert a.every == 1                       # the first snapshot at once: it measures C
+    a.observe_step(0.1)
+    assert a.observe_cost(0.04) == round((2 * 0.04 * 10) ** 0.5 / 0.1)
+    assert AutoMemory(mtbf_s=10, step_s=5.0).observe_cost(0.04) == 1     # never less than every step
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"save_every_steps": "often"}, "save_every_steps must be a positive integer or 'auto', got 'often'"),
+    ({"memory_every_steps": 0}, "memory_every_steps must be a positive integer or 'auto', got 0"),
+    ({"memory_every_steps": 2.5}, "memory_every_steps must be a positive integer or 'auto', got 2.5"),
+    ({"save_every_steps": "auto", "save_every_seconds": 60}, "drop save_every_seconds=60"),
+])
+def test_bad_intervals_are_one_line_config_errors(tmp_path, kwargs, message):
+    import trainer_shim
+    from trainer_shim.errors import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        trainer_shim.init(run_dir=tmp_path / "run", **kwargs)
+    assert message in str(e.value) and "\n" not in str(e.value)
+    assert not (tmp_path / "run").exists()
+
+
+def test_memory_auto_measures_its_snapshots_and_the_run_dirs_mtbf(tmp_path):
+    """A real shim process with memory_every_steps="auto" and save_every_steps="auto": the snapshot
+    interval follows the measured cost, step time and the history's MTBF, in the heartbeat."""
+    import json
+    import subprocess
+
+    from tests.conftest import PYTHON
+    from tests.supervisor.helpers import sup_env
+    from trainer_shim._policies.memory_interval import memory_interval_s
+
+    rd = tmp_path / "run"
+    rd.mkdir()
+    hist = [("attempt_started", 1, "00:00:00", {}), ("attempt_ended", 1, "00:00:20", {"kind": "signal"})]
+    (rd / "events.jsonl").write_text("".join(json.dumps({"event": e, "attempt": a, "time": f"2026-01-01T{t}+00:00", **kw}) + "\n"
+                                             for e, a, t, kw in hist))
+    code = (
+        "import json, time, torch, trainer_shim\n"
+        "m = torch.nn.Linear(1024, 1024); o = torch.optim.Adam(m.parameters())\n"
+        f"run = trainer_shim.init(model=m, optimizer=o, run_dir={str(rd)!r}, save_every_steps='auto',"
+        " memory_every_steps='auto', save_on_epoch_end=False)\n"
+        "for _ in range(40):\n"
+        "    o.zero_grad(); m(torch.randn(4, 1024)).sum().backward(); o.step(); time.sleep(0.02); run.step()\n"
+        "fast = run.engine.fast; fast.drain()\n"
+        "a = fast.auto_memory\n"
+        "print(json.dumps([a.every, a.cost_s, a.step_s, a.mtbf_s, run.save_every_seconds]))\n"
+        "run.engine.hb.write_now()\n"
+        "print(json.dumps(json.load(open(run.rd.heartbeat(0)))))\n"
+        "run.finish()\n"
+    )
+    p = subprocess.run([PYTHON, "-c", code], env=sup_env(), capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    lines = p.stdout.strip().splitlines()
+    (every, cost, step_s, mtbf, save_s), hb = json.loads(lines[-2]), json.loads(lines[-1])
+    assert mtbf == pytest.approx(20.0, abs=1.0)   # 20 s of attempt, one kill -9
+    assert cost > 0 and step_s >= 0.02
+    assert every == max(1, round(memory_interval_s(cost, mtbf) / step_s))
+    assert hb["memory_every_steps"] == every and hb["memory_snapshots_skipped"] >= 0
+    assert save_s == MIN_INTERVAL_S    # save_every_steps="auto" is the Young/Daly time interval

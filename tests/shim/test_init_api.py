@@ -24,7 +24,7 @@ def test_init_signature_lists_every_option_with_its_default() -> None:
 def test_help_shows_the_options() -> None:
     text = inspect.getdoc(trainer_shim.init) or ""
     shown = str(inspect.signature(trainer_shim.init))
-    assert "save_every_steps: 'Optional[int]' = None" in shown and "keep_last: 'int' = 3" in shown
+    assert "save_every_steps: 'Optional[Union[int, str]]' = None" in shown and "keep_last: 'int' = 3" in shown
     assert "save_every_steps" in text
 
 

@@ -9,10 +9,14 @@ slot, commit, `latest`, index, rotation; N ranks over a gloo group of the writer
 most one save is in flight:
 
 - a due *disk* save while one is in flight WAITS for it (a disk save is never dropped);
-- a due *memory* snapshot (`memory_every_steps`) is finalized on the training thread (copy +
-  hash: a kill -9 right after run.step() returns finds it complete); it goes into the slot the
-  writer does not hold. Only while the writer still hashes the other slot is there no slot it
-  may take: then it is skipped, with one `save_skipped` event per in-flight save.
+- a due *memory* snapshot (`memory_every_steps`) costs run.step() one copy into the slot's
+  mapped buffers; a HASHER thread hashes it and writes its manifest (only then is it complete:
+  a kill -9 before that finds the previous snapshot, and restore/the supervisor never use the
+  incomplete one). It goes into a slot nobody holds that is not the only complete one; when there
+  is none (the previous snapshot is still being hashed, or the writer still finalizes the other
+  slot) it is SKIPPED, not waited for: counted in the heartbeat's `memory_snapshots_skipped`, with
+  one `save_skipped` event per in-flight disk save. N ranks wait instead (their slots must hold
+  the same steps to be merged).
 
 Writer failures become `checkpoint_failed` events and a warning at the next run.step();
 training continues. drain() (SIGTERM, finish(), an uncaught exception, interpreter exit) waits
@@ -38,6 +42,8 @@ from .engine import Trained
 from .._process.messages import say
 from ..errors import CollectiveTimeout
 from .memory_snapshot import SlotError, Slots
+from .._policies.memory_interval import AutoMemory
+from .._policies.save_interval import AUTO, mtbf_for
 from ..rundir import CheckpointInfo, CheckpointKind, Event, InvalidCheckpoint
 
 DRAIN_GRACE = 30.0  # seconds finish()/SIGTERM/exceptions wait for an in-flight save
@@ -52,25 +58,45 @@ class _Job:
     staged: bool = False         # its big tensors still wait in the staging buffers
 
 
+N_RANKS_EVERY = 10  # memory_every_steps="auto" with N ranks (no per-rank tuning: their steps must match)
+SKIPPED_FIELD = "memory_snapshots_skipped"  # heartbeat field: due snapshots skipped (previous one still hashing)
+
+
+def _low_priority() -> None:
+    try:  # Linux: a thread's own nice value; training keeps the CPU it needs
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+    except (OSError, AttributeError):
+        pass
+
+
 class FastSaver:
     """Owned by a Run's engine (`engine.fast`); see the module docstring for the policy."""
 
     def __init__(self, run: Trained, save_now: Callable[[CheckpointKind], Any], *, async_save: bool,
-                 memory_every: Optional[int],
+                 memory_every: Optional[int | str],
                  grace: float = DRAIN_GRACE) -> None:
         self.run = run
         self.save_now = save_now          # the run's synchronous save (after a drain), when a slot cannot take it
         self.async_save = async_save
-        self.memory_every = memory_every
         self.grace = grace
         self.world = run.engine.group.world_size
+        self.auto_memory: Optional[AutoMemory] = None
+        if memory_every == AUTO:  # Young/Daly from each snapshot's cost (memory_interval)
+            self.auto_memory = AutoMemory(mtbf_for(run.rd, run.options.mtbf_hours))
+            run.engine.hb.fields["memory_every_steps"] = self.auto_memory.every
+        self.memory_every = memory_every if isinstance(memory_every, int) else None
+        self._last_step_t: Optional[float] = None
+        self._last_memory_step = -1
         self.slots = Slots(run.rd, run.rank if self.world > 1 else 0)
         for path, why in self.slots.prepare():  # SlotError: the caller turns fast saves off
             say(f"warning: memory snapshot {path} not trusted ({why}); replaced")
             run.engine.event(Event.CHECKPOINT_REJECTED, path=str(path), reason=f"memory snapshot not trusted: {why}")
         self._cv = threading.Condition()
         self._job: Optional[_Job] = None
-        self._pinned_complete = False
+        self._hashing: Optional[tuple[int, ckpt.Snapshot, float]] = None  # (slot, snapshot, its copy's stall)
+        self.skipped = 0
+        if memory_every:
+            run.engine.hb.fields[SKIPPED_FIELD] = 0  # present from the start: beats never see the dict grow
         self._warnings: list[str] = []
         self._skip_reported = False
         self._closed = False
@@ -81,6 +107,8 @@ class FastSaver:
         self.wgroup = distributed.Dist(run.engine.group.timeout) if self.world > 1 and async_save else None
         self._thread = threading.Thread(target=self._loop, daemon=True, name="trainer_shim-async-save")
         self._thread.start()
+        self._hasher = threading.Thread(target=self._hash_loop, daemon=True, name="trainer_shim-snapshot-hash")
+        self._hasher.start()
         atexit.register(self.drain)
 
     @property
@@ -93,20 +121,30 @@ class FastSaver:
         """run.step(): report writer failures, then take what is due."""
         self.report()
         step = self.run.global_step
-        memory_due = bool(self.memory_every and step % self.memory_every == 0)
+        memory_due = self._memory_due(step)
         if disk_due and self.async_save:
-            # A due memory snapshot is this save's slot, finalized before run.step() returns.
+            # A due memory snapshot is this save's slot (complete once the writer finalizes it).
             with self.run.engine.saves.stall(CheckpointKind.STEP):  # the stall only, not the background write
-                self.save_async(CheckpointKind.STEP, finalize_now=memory_due)
+                self.save_async(CheckpointKind.STEP)
             return
-        # The memory snapshot first (a memory copy): a kill during the synchronous disk save then
-        # resumes at this step, not at the previous snapshot. The other order made every kill
-        # inside the save lose the step again, and three in a row read as a crash loop (poisoned).
+        # The memory snapshot first (a memory copy, hashed while the synchronous disk save writes):
+        # a kill during that save then resumes at this step, not at the previous snapshot. The other
+        # order made every kill inside the save lose the step again, and three in a row read as a
+        # crash loop (poisoned).
         if memory_due:
             with self.run.engine.saves.stall(CheckpointKind.STEP, event=False):
                 self.memory_snapshot()
         if disk_due:
             self.save_now(CheckpointKind.STEP)
+
+    def _memory_due(self, step: int) -> bool:
+        if self.auto_memory is None:
+            return bool(self.memory_every and step % self.memory_every == 0)
+        now = time.monotonic()
+        if self._last_step_t is not None:
+            self.auto_memory.observe_step(now - self._last_step_t)
+        self._last_step_t = now
+        return step - self._last_memory_step >= self.auto_memory.every  # a skipped one is retried next step
 
     def report(self) -> None:
         """run.step(): the writers' fatal error, else their warnings."""
@@ -120,7 +158,7 @@ class FastSaver:
         for m in msgs:
             say(f"warning: {m}; training continues")
 
-    def save_async(self, kind: CheckpointKind, finalize_now: bool = False) -> None:
+    def save_async(self, kind: CheckpointKind) -> None:
         run = self.run
         run.engine.last_save_t = time.monotonic()
         existing = saving.reusable(run, run.global_step, True) if self.world == 1 else None  # N ranks: the writers decide
@@ -128,46 +166,53 @@ class FastSaver:
             run.engine.retention.upgrade_kind(existing, kind)
             return
         with self._cv:
-            while self._job is not None:  # at most one in flight: a due disk save waits
+            while self._job is not None or self._hashing is not None:  # one in flight: a due disk save waits
                 self._cv.wait()
-            idx = self.slots.target(None, False)
-        snap = self._fill(idx, kind, staged=not finalize_now)
-        ok = snap is not None and (not finalize_now or self._finalize(idx, snap))
+            idx = self.slots.target(set())
+        snap = self._fill(idx, kind, staged=True) if idx is not None else None
+        ok = snap is not None
         if self.world > 1:  # every rank's writer takes part in the commit, or none does
             ok = not run.engine.group.agree(not ok, False)[0]
         if not ok or snap is None:
             self.save_now(kind)  # a slot failed (e.g. /dev/shm full): save synchronously instead
             return
-        self._submit(_Job(idx, snap, persist=True, finalized=finalize_now, staged=not finalize_now))
+        self._submit(_Job(idx, snap, persist=True, staged=True))
+
+    def _busy(self) -> set[int]:
+        return ({self._job.slot} if self._job is not None else set()) | \
+               ({self._hashing[0]} if self._hashing is not None else set())
 
     def memory_snapshot(self) -> None:
+        """One copy into a free slot; the hasher completes it. Skipped when no slot is free."""
         with self._cv:
-            pinned = self._job.slot if self._job is not None else None
-            idx = self.slots.target(pinned, self._pinned_complete)
+            idx = self.slots.target(self._busy()) if self._hashing is None else None
+            while idx is None and self.world > 1:  # N ranks: every rank snapshots the same steps
+                self._cv.wait()
+                idx = self.slots.target(self._busy()) if self._hashing is None else None
             if idx is None:
-                if not self._skip_reported:
-                    self._skip_reported = True
-                    self.run.engine.event(Event.SAVE_SKIPPED, step=self.run.global_step, target="memory",
-                                    reason="the writer is still finalizing the other slot")
+                self._skip()
                 return
+        t0 = time.perf_counter()
         snap = self._fill(idx, CheckpointKind.STEP)
         if snap is not None:
-            self._finalize(idx, snap)
+            self._last_memory_step = snap.global_step
+            with self._cv:
+                self._hashing = (idx, snap, time.perf_counter() - t0)
+                self._cv.notify_all()
 
-    def _finalize(self, idx: int, snap: ckpt.Snapshot) -> bool:
-        """Hash and write the manifest on the training thread: complete before run.step() returns."""
-        try:
-            self.slots.slots[idx].finalize(snap, self.meta, self.world)
-        except OSError as e:
-            self._fail_slot(idx, e)
-            return False
-        with self._cv:
-            self.slots.newest = idx
-        return True
+    def _skip(self) -> None:
+        self.skipped += 1
+        self.run.engine.hb.fields[SKIPPED_FIELD] = self.skipped
+        if self._job is not None and not self._skip_reported:  # the writer holds a slot: say so once
+            self._skip_reported = True
+            self.run.engine.event(Event.SAVE_SKIPPED, step=self.run.global_step, target="memory",
+                                  reason="the writer is still finalizing the other slot")
 
     def _fill(self, idx: int, kind: CheckpointKind, staged: bool = False) -> Optional[ckpt.Snapshot]:
         run = self.run
         full = saving.snapshot(run, kind, True)
+        with self._cv:
+            self.slots.filling(idx)
         try:
             self.slots.slots[idx].fill(full.files, self.slots.staging if staged else None)
         except (OSError, RuntimeError, SlotError) as e:
@@ -184,17 +229,16 @@ class FastSaver:
     def _submit(self, job: _Job) -> None:
         with self._cv:
             self._job = job
-            self._pinned_complete = job.finalized
             self._skip_reported = False
             self._cv.notify_all()
 
     def drain(self, timeout: Optional[float] = None) -> bool:
-        """Wait for the in-flight save (bounded); True when nothing is in flight any more."""
+        """Wait for the in-flight save and snapshot hash (bounded); True when nothing is in flight any more."""
         deadline = time.monotonic() + (self.grace if timeout is None else timeout)
         with self._cv:
-            while self._job is not None:
+            while self._job is not None or self._hashing is not None:
                 left = deadline - time.monotonic()
-                if left <= 0 or not self._thread.is_alive():
+                if left <= 0 or not (self._thread.is_alive() and self._hasher.is_alive()):
                     return False
                 self._cv.wait(left)
         self._warn()
@@ -282,10 +326,7 @@ class FastSaver:
     # --- writer thread ---------------------------------------------------------------------------
 
     def _loop(self) -> None:
-        try:  # Linux: a thread's own nice value; training keeps the CPU it needs
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
-        except (OSError, AttributeError):
-            pass
+        _low_priority()
         while True:
             with self._cv:
                 while self._job is None and not self._closed:
@@ -302,7 +343,32 @@ class FastSaver:
                 self._fail(job, f"{type(e).__name__}: {e}")
             with self._cv:
                 self._job = None
-                self._pinned_complete = False
+                self._cv.notify_all()
+
+    def _hash_loop(self) -> None:
+        """Complete each filled memory snapshot: hash it, write its manifest last."""
+        _low_priority()
+        while True:
+            with self._cv:
+                while self._hashing is None and not self._closed:
+                    self._cv.wait()
+                if self._hashing is None:
+                    return
+                idx, snap, stall = self._hashing
+            ok, cpu0 = False, time.thread_time()
+            try:
+                self.slots.slots[idx].finalize(snap, self.meta, self.world)
+                ok = True
+                if self.auto_memory is not None:  # its cost: the copy training waited for + the hash's CPU
+                    every = self.auto_memory.observe_cost(stall + time.thread_time() - cpu0)
+                    self.run.engine.hb.fields["memory_every_steps"] = every
+            except BaseException as e:  # never let the hasher die silently; the slot stays incomplete
+                self.slots.slots[idx].invalidate()
+                self._fail(_Job(idx, snap, persist=False), f"memory snapshot: {type(e).__name__}: {e}")
+            with self._cv:
+                if ok:
+                    self.slots.done(idx)
+                self._hashing = None
                 self._cv.notify_all()
 
     def _run_job(self, job: _Job) -> None:
@@ -314,8 +380,7 @@ class FastSaver:
         else:
             info = CheckpointInfo(slot.path, slot.finalize(job.snap, self.meta, self.world))
             with self._cv:
-                self.slots.newest = job.slot
-                self._pinned_complete = True
+                self.slots.done(job.slot)
         if job.persist:
             self._persist(job, info)
 
@@ -355,7 +420,7 @@ class FastSaver:
 
 
 def make(run: Trained, save_now: Callable[[CheckpointKind], Any], async_save: bool,
-         memory_every: Optional[int]) -> Optional[FastSaver]:
+         memory_every: Optional[int | str]) -> Optional[FastSaver]:
     """The saver for init(async_save=..., memory_every_steps=...), or None: saves stay synchronous."""
     if not async_save and not memory_every:
         return None
@@ -369,6 +434,10 @@ def make(run: Trained, save_now: Callable[[CheckpointKind], Any], async_save: bo
         memory_every = None
         if not async_save:
             return None
+    if memory_every == AUTO and run.world_size > 1:
+        # Every rank must snapshot the same steps (their slots are merged by step): a fixed interval.
+        say(f"warning: memory_every_steps='auto' is single-process only; {N_RANKS_EVERY} steps for this job")
+        memory_every = N_RANKS_EVERY
     try:
         return FastSaver(run, save_now, async_save=async_save, memory_every=memory_every)
     except SlotError as e:

@@ -10,8 +10,8 @@ recreates the tensor file once.
 
 Order of a snapshot: unlink MANIFEST.json (the slot stops being complete), copy, then
 `finalize()` hashes the tensors (table) and the members and writes MANIFEST.json last; a kill
-in between leaves a slot nobody uses. `fill()` is what training waits for; `finalize()` may run
-on the writer thread.
+in between leaves a slot nobody uses. `fill()` (one copy into the mapped buffers) is all training
+waits for; `finalize()` runs on a background thread (async_save.FastSaver).
 """
 
 from __future__ import annotations
@@ -215,6 +215,7 @@ class Slots:
         self.slots = [Slot(p) for p in rundir.snapshot_slot_paths(rd.root, rd.node, rank)]
         self.staging = Staging()
         self.newest: Optional[int] = None  # index of the newest complete slot this process wrote/restored
+        self.complete: set[int] = set()    # slots this process knows complete (wrote or restored)
 
     def prepare(self) -> list[tuple[Path, str]]:
         """Every slot ready; (path, reason) of loose ones that were replaced."""
@@ -225,17 +226,23 @@ class Slots:
                 out.append((s.path, why))
         return out
 
-    def target(self, pinned: Optional[int], pinned_complete: bool) -> Optional[int]:
-        """The slot the next snapshot may overwrite: never the only complete one, never a pinned one.
-
-        None while the writer still finalizes the other slot (no second complete one exists yet).
-        """
-        other = 0 if self.newest is None else 1 - self.newest
-        if other != pinned:
-            return other
-        if pinned_complete and self.newest is not None:
-            return self.newest  # the writer's slot is complete: overwriting the newer one keeps it
+    def target(self, busy: set[int]) -> Optional[int]:
+        """The slot the next snapshot may overwrite: never a busy one (held by the writer, or being
+        hashed), never the only complete one; the older slot first. None when no slot may be taken."""
+        order = [0, 1] if self.newest is None else [1 - self.newest, self.newest]
+        for i in order:
+            if i not in busy and (not self.complete or self.complete - {i}):
+                return i
         return None
+
+    def filling(self, idx: int) -> None:
+        """Slot idx is being rewritten: no longer complete."""
+        self.complete.discard(idx)
+
+    def done(self, idx: int) -> None:
+        """Slot idx has its manifest: complete, and the newest (snapshots complete in step order)."""
+        self.complete.add(idx)
+        self.newest = idx
 
     def free(self) -> None:
         """This rank's slots (the supervisor frees every rank's when the run ends)."""
@@ -247,4 +254,4 @@ class Slots:
         """A slot this process restored from is the newest complete one (not overwritten first)."""
         for i, s in enumerate(self.slots):
             if s.path == path:
-                self.newest = i
+                self.done(i)

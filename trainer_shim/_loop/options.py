@@ -11,7 +11,7 @@ from typing import Any, Mapping, Optional, Union
 
 from ..errors import ConfigError
 from .._engine.loading import sharded_module
-from .._policies.save_interval import DEFAULT_MTBF_HOURS
+from .._policies.save_interval import AUTO, DEFAULT_MTBF_HOURS
 
 __all__ = ["Options", "decide_sharded"]
 
@@ -28,7 +28,7 @@ class Options:
     scaler: Any = None
     extra: Optional[dict] = None
     run_dir: Optional[PathLike] = None
-    save_every_steps: Optional[int] = None
+    save_every_steps: Optional[Union[int, str]] = None      # steps, or "auto" (= save_every_seconds="auto")
     save_every_seconds: Optional[Union[float, str]] = None   # seconds, or "auto" (Young/Daly)
     save_on_epoch_end: bool = True
     keep_last: int = 3
@@ -46,15 +46,28 @@ class Options:
     strict_resume: bool = False
     mtbf_hours: float = DEFAULT_MTBF_HOURS
     async_save: bool = False
-    memory_every_steps: Optional[int] = None
+    memory_every_steps: Optional[Union[int, str]] = None    # steps, or "auto" (_policies.memory_interval)
 
     def __post_init__(self) -> None:
         for name in ("save_every_steps", "memory_every_steps"):
             value = getattr(self, name)
-            if value is not None and value <= 0:
-                raise ConfigError(f"{name} must be positive, got {value}")
+            if value is not None and value != AUTO and (isinstance(value, bool) or not isinstance(value, int)
+                                                         or value <= 0):
+                raise ConfigError(f"{name} must be a positive integer or 'auto', got {value!r}")
+        if self.save_every_steps == AUTO and self.save_every_seconds not in (None, AUTO):
+            raise ConfigError(f"save_every_steps='auto' is save_every_seconds='auto' (Young/Daly); drop "
+                              f"save_every_seconds={self.save_every_seconds!r} or give save_every_steps a number")
         if self.extra is not None and not isinstance(self.extra, dict):
             raise ConfigError("extra must be a dict of objects with state_dict()/load_state_dict()")
+
+    @property
+    def step_interval(self) -> Optional[int]:
+        """Disk saves every N steps, or None ("auto" is a time interval)."""
+        return self.save_every_steps if isinstance(self.save_every_steps, int) else None
+
+    @property
+    def seconds_interval(self) -> Optional[Union[float, str]]:
+        return AUTO if self.save_every_steps == AUTO else self.save_every_seconds
 
     @classmethod
     def parse(cls, kwargs: Mapping[str, Any]) -> "Options":

@@ -64,7 +64,7 @@ class Run:
         eng.saves = SaveTimer.for_run(self)
         self.model, self.optimizer, self.scheduler, self.scaler = o.model, o.optimizer, o.scheduler, o.scaler
         self.extra: dict[str, Any] = dict(o.extra or {})
-        self.save_every_seconds, eng.auto = save_interval.from_option(o.save_every_seconds, self.rd, o.mtbf_hours,
+        self.save_every_seconds, eng.auto = save_interval.from_option(o.seconds_interval, self.rd, o.mtbf_hours,
                                                                       eng.hb)
         self.skipped_steps = 0            # on_nonfinite="skip": steps not counted
         self.fallback_dir = Path(o.fallback_dir).absolute() if o.fallback_dir else None
@@ -208,7 +208,7 @@ class Run:
             f["loss"] = self.loss
             f["phase"] = "training"
             self.engine.hb.request()
-        every = self.options.save_every_steps
+        every = self.options.step_interval
         timed = self.save_every_seconds is not None and now - self.engine.last_save_t >= self.save_every_seconds
         stop = self._stop.requested
         # Every rank must save, and stop, at the same step: one MAX all-reduce of both flags.
@@ -336,26 +336,27 @@ class Run:
 
 def init(*, model: Any = None, optimizer: Any = None, scheduler: Any = None, scaler: Any = None,
          extra: Optional[dict] = None, run_dir: Optional[options.PathLike] = None,
-         save_every_steps: Optional[int] = None, save_every_seconds: Optional[Union[float, str]] = None,
+         save_every_steps: Optional[Union[int, str]] = None, save_every_seconds: Optional[Union[float, str]] = None,
          save_on_epoch_end: bool = True, keep_last: int = 3, keep_epochs: int = 10, keep_best: int = 1,
          fallback_dir: Optional[options.PathLike] = None, min_free_bytes: Optional[int] = None,
          heartbeat_interval: float = 1.0, resume_emergency: bool = False, collective_timeout: float = 300.0,
          sharded: Optional[bool] = None, allow_reshard: Optional[bool] = None, on_nonfinite: str = "raise",
          resume: Union[str, options.PathLike] = "auto", strict_resume: bool = False,
          mtbf_hours: float = DEFAULT_MTBF_HOURS,
-         async_save: bool = False, memory_every_steps: Optional[int] = None) -> Run:
+         async_save: bool = False, memory_every_steps: Optional[Union[int, str]] = None) -> Run:
     """Create the Run: first heartbeat, then restore the requested or newest valid checkpoint.
 
     model, optimizer, scheduler, scaler, extra: what a checkpoint holds (extra: name -> object with
     state_dict()/load_state_dict()); run_dir: defaults to $RESILIENT_RUN_DIR or runs/<script>;
-    save_every_steps / save_every_seconds (seconds or "auto": Young/Daly) / save_on_epoch_end: when
-    to checkpoint; keep_last / keep_epochs / keep_best: rotation; fallback_dir: a second root when
+    save_every_steps / save_every_seconds (seconds or "auto": Young/Daly; save_every_steps="auto" is the
+    same) / save_on_epoch_end: when to checkpoint; keep_last / keep_epochs / keep_best: rotation; fallback_dir: a second root when
     the first cannot take a save; min_free_bytes: headroom kept free; heartbeat_interval: seconds
     between beats; resume_emergency: also resume from inexact emergency checkpoints;
     collective_timeout: seconds a multi-rank collective may take; sharded: DCP for FSDP2/DTensor
     (None: detect); allow_reshard: resume a sharded checkpoint at another world size (None: env);
     on_nonfinite: "raise", "skip" or "ignore" a NaN/inf loss; resume: "auto", "ask", "never" or a path;
     strict_resume: refuse a checkpoint of other code/args; mtbf_hours: the "auto" interval's prior;
-    async_save / memory_every_steps: background saves and /dev/shm snapshots.
+    async_save / memory_every_steps (steps or "auto": from the snapshot's cost and the failure history):
+    background saves and /dev/shm snapshots.
     """
     return Run(**locals())

@@ -64,6 +64,8 @@ class HeartbeatRecord:
     node: Optional[int] = None                # set only in a multi-node job
     total_steps: Optional[int] = None         # the run's length in steps, once the shim knows it (progress, ETA)
     save_interval_s: Optional[float] = None   # the current automatic save interval, when there is one
+    memory_snapshots_skipped: Optional[int] = None  # due memory snapshots skipped (the previous one still hashing)
+    memory_every_steps: Optional[int] = None  # the current memory snapshot interval, with memory_every_steps="auto"
 
     def to_json(self) -> dict:
         d = dataclasses.asdict(self)
@@ -97,12 +99,13 @@ def _is_num(v: Any) -> bool:
 # Per field: does a JSON value fit it? (None only where the field is Optional.)
 _HB_CHECKS: dict[str, Any] = {
     **dict.fromkeys(("pid", "rank", "attempt", "step", "epoch", "seq"), _is_int),
-    **dict.fromkeys(("checkpoint_step", "save_bytes", "node", "total_steps"), lambda v: v is None or _is_int(v)),
+    **dict.fromkeys(("checkpoint_step", "save_bytes", "node", "total_steps", "memory_snapshots_skipped",
+                     "memory_every_steps"), lambda v: v is None or _is_int(v)),
     **dict.fromkeys(("loss", "save_interval_s"), lambda v: v is None or _is_num(v)),
     "phase": lambda v: isinstance(v, str),
     **dict.fromkeys(("time", "resumed_from"), lambda v: v is None or isinstance(v, str)),
 }
-_OMITTED_WHEN_NONE = ("node", "total_steps", "save_interval_s")
+_OMITTED_WHEN_NONE = ("node", "total_steps", "save_interval_s", "memory_snapshots_skipped", "memory_every_steps")
 
 HEARTBEAT_FIELDS = tuple(f.name for f in dataclasses.fields(HeartbeatRecord) if f.name not in _OMITTED_WHEN_NONE)
 
