@@ -39,12 +39,20 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--output_dir", required=True)
     p.add_argument("--out", required=True)
+    # none: no resilient-run code at all (auto-attach adds the callback and the resume point);
+    # ignore-resume: the callback, but the resume point is never passed to the Trainer
+    p.add_argument("--callback", choices=("explicit", "none", "ignore-resume"), default="explicit")
     a = p.parse_args()
-    cb = ResilientCallback()
+    cb = ResilientCallback() if a.callback != "none" else None
     faults = Faults(cb)
-    trainer = build(a.output_dir, callbacks=[FaultCallback(faults), cb, AfterStep(faults)])
+    trainer = build(a.output_dir, callbacks=[FaultCallback(faults), *([cb] if cb else []), AfterStep(faults)])
     trainer.model.register_forward_pre_hook(faults.in_forward)
-    trainer.train(resume_from_checkpoint=cb.resume_from(a.output_dir))
+    if a.callback == "explicit":
+        trainer.train(resume_from_checkpoint=cb.resume_from(a.output_dir))
+    else:
+        trainer.train()
+    if a.callback == "explicit":  # auto-attach must not add a second one
+        assert sum(isinstance(c, ResilientCallback) for c in trainer.callback_handler.callbacks) == 1
     torch.save({k: v.clone() for k, v in trainer.model.state_dict().items()}, a.out)
 
 
