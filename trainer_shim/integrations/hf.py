@@ -98,6 +98,7 @@ class ResilientCallback(TrainerCallback):
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         s = self._start(args.output_dir)
         s.install_stop()
+        s.check_resumed(state.global_step)  # the Trainer has loaded its checkpoint's state by now
         self._limit = args.save_total_limit
         s.set_keep_last(self._limit if self._limit else _UNLIMITED)
         args.save_total_limit = None  # we rotate, after our manifest is committed
