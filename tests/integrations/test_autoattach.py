@@ -24,7 +24,7 @@ from tests.conftest import PYTHON
 from tests.integrations.test_integrations import _needs
 from tests.supervisor.helpers import start_cli, sup_env
 from tests.support import assert_equal_state, ended_kinds, events, first_steps, kill_group, weights
-from trainer_shim.rundir import Event, RunDir
+from trainer_shim.rundir import Event, RunDir, checkpoint_roots, newest_valid
 
 HERE = Path(__file__).resolve().parent
 HF_JOB = HERE / "hf_job.py"
@@ -37,6 +37,18 @@ def _done(p: subprocess.Popen, timeout: float = 300) -> tuple[int, str]:
     finally:
         kill_group(p)
     return p.returncode, err
+
+
+# ms-swift builds the callbacks named by --callbacks as cls(args, trainer), before its Trainer, and
+# passes args.resume_from_checkpoint to train(): the plugin route without auto-attach.
+_SWIFT_STYLE = """
+import sys
+from transformers import TrainingArguments
+from trainer_shim.integrations.hf import ResilientCallback
+args = TrainingArguments(output_dir=sys.argv[1], report_to=[], use_cpu=True)
+ResilientCallback(args, object())
+print(args.resume_from_checkpoint)
+"""
 
 
 def _trainer_pid(run: Path, attempt: int) -> int:
@@ -77,6 +89,12 @@ def test_zero_code_hf_job_under_launchers_resumes_bit_exact_and_a_forgotten_resu
     problems = resume_mismatches(RunDir(forgot))
     assert len(problems) == 1 and "attempt 2" in problems[0] and "step 10" in problems[0], problems
     assert resume_mismatches(RunDir(zero)) == []
+
+    # The ms-swift plugin route: constructed as cls(args, trainer), the callback sets the resume point.
+    r = subprocess.run([PYTHON, "-c", _SWIFT_STYLE, str(zero)], env=sup_env(RESILIENT_RUN_DIR=str(zero)),
+                       capture_output=True, text=True, timeout=120)
+    newest = newest_valid(checkpoint_roots(RunDir(zero)))
+    assert r.returncode == 0 and newest is not None and r.stdout.split()[-1] == str(newest.path), r.stderr[-2000:]
 
     # Attempt 2 of the forgotten resume trained steps 1..36 at one go: the uninterrupted run.
     assert first_steps(forgot)[2] == 1, events(forgot, Event.FIRST_STEP)
