@@ -40,8 +40,9 @@ def main() -> None:
     p.add_argument("--output_dir", required=True)
     p.add_argument("--out", required=True)
     # none: no resilient-run code at all (auto-attach adds the callback and the resume point);
-    # ignore-resume: the callback, but the resume point is never passed to the Trainer
-    p.add_argument("--callback", choices=("explicit", "none", "ignore-resume"), default="explicit")
+    # ignore-resume: the callback, but the resume point is never passed to the Trainer;
+    # fresh: the same, saying so (resume_from_checkpoint=False: auto-attach leaves it alone)
+    p.add_argument("--callback", choices=("explicit", "none", "ignore-resume", "fresh"), default="explicit")
     a = p.parse_args()
     cb = ResilientCallback() if a.callback != "none" else None
     faults = Faults(cb)
@@ -49,6 +50,8 @@ def main() -> None:
     trainer.model.register_forward_pre_hook(faults.in_forward)
     if a.callback == "explicit":
         trainer.train(resume_from_checkpoint=cb.resume_from(a.output_dir))
+    elif a.callback == "fresh":
+        trainer.train(resume_from_checkpoint=False)
     else:
         trainer.train()
     if a.callback == "explicit":  # auto-attach must not add a second one

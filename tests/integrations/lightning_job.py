@@ -30,12 +30,18 @@ class FaultCallback(pl.Callback):
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
+    # none: no resilient-run code (auto-attach adds the callback, the config its save_every_steps)
+    p.add_argument("--callback", choices=("explicit", "none"), default="explicit")
     a = p.parse_args()
-    cb = ResilientCallback(save_every_steps=5)
+    cb = ResilientCallback(save_every_steps=5) if a.callback == "explicit" else None
     faults = Faults(cb)
-    model, loader, trainer = build(callbacks=[cb, FaultCallback(faults)])
+    model, loader, trainer = build(callbacks=[*([cb] if cb else []), FaultCallback(faults)])
     model.net.register_forward_pre_hook(faults.in_forward)  # training_step calls self.net
-    trainer.fit(model, train_dataloaders=loader, ckpt_path=cb.resume_from())
+    if cb is not None:
+        trainer.fit(model, train_dataloaders=loader, ckpt_path=cb.resume_from())
+        assert sum(isinstance(c, ResilientCallback) for c in trainer.callbacks) == 1  # auto-attach added none
+    else:
+        trainer.fit(model, train_dataloaders=loader)
     torch.save({k: v.clone() for k, v in model.state_dict().items()}, a.out)
 
 
