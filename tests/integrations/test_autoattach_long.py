@@ -38,6 +38,7 @@ def test_lightning_script_without_resilient_code_resumes_bit_exact(tmp_path: Pat
     assert r.returncode == 0, r.stderr[-3000:]
     assert ended_kinds(run) == ["signal", "success"], events(run)
     assert first_steps(run)[2] == 11, events(run, Event.FIRST_STEP)   # step-00000010, then step 11
+    assert not events(run, Event.RESUME_STEP_MISMATCH)
     assert_equal_state(weights(out), weights(ref_out), "final weights vs the uninterrupted run")
 
 
