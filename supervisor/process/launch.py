@@ -122,7 +122,9 @@ def attach_environ(env: dict[str, str], on: bool, callback: Sequence[tuple[str, 
     the job, launchers' children included, then gives its Trainers the callback), the callback's
     options. Off: the bootstrap dir is taken out (a job under a supervisor under a supervisor)."""
     boot = str(ATTACH_DIR)
-    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != boot]
+    current = env.get("PYTHONPATH")
+    # An empty entry means the working directory: kept, only our own entry is moved or removed.
+    paths = [p for p in current.split(os.pathsep) if p != boot] if current else []
     if on:
         paths.insert(0, boot)
     if paths:
