@@ -51,6 +51,7 @@ def run(
     preload: Optional[str] = typer.Option(None, "--preload", help="MODULE,...: what a warm interpreter imports besides torch (SCRIPT.py jobs)."),
     divergence_window: Optional[int] = typer.Option(None, "--divergence-window", help=f"A job that diverges (non-finite loss) within this many steps of its resume condemns that checkpoint (default {DEFAULTS.divergence_window})."),
     mirror: Optional[str] = typer.Option(None, "--mirror", help="s3://BUCKET/PREFIX: upload every checkpoint there in the background and resume from it on a new node (needs resilient-run[s3]; endpoint and credentials from the AWS environment)."),
+    auto_attach: Optional[bool] = typer.Option(None, "--auto-attach/--no-auto-attach", help="Give every HF / Lightning Trainer of the job the resilient callback and the resume point, with no code in the script (default on)."),
     strict_resume: Optional[bool] = typer.Option(None, "--strict-resume/--no-strict-resume", help="Refuse (exit 2, not retried) to resume a checkpoint whose git commit, dirty state or arguments differ (default: warn)."),
 ) -> None:
     """Run SCRIPT.py (under this Python) or `-- COMMAND` and keep it alive until it succeeds."""
@@ -66,7 +67,7 @@ def run(
         "working_dir": str(working_dir) if working_dir else None,
         "nproc_per_node": nproc_per_node, "nnodes": nnodes, "node_rank": node_rank, "rdzv_endpoint": rdzv_endpoint,
         "prestart": prestart, "heartbeat_timeout_floor": heartbeat_timeout_floor, "divergence_window": divergence_window, "strict_resume": strict_resume,
-        "preload": preload, "mirror": mirror,
+        "preload": preload, "mirror": mirror, "auto_attach": auto_attach,
     }
     cfg: Config = build_config(file_values, cli_values)
     raise typer.Exit(Supervisor(cfg, run_dir_of(cfg, config, tokens)).run())

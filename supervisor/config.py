@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional, Union
 
 import yaml
 
-from trainer_shim.rundir import EXIT_REFUSED
+from trainer_shim.rundir import EXIT_REFUSED, parse_callback_options
 
 from .errors import ConfigError
 
@@ -57,6 +57,8 @@ class Config:
     strict_resume: bool = False       # a provenance mismatch on resume is an exit-2 refusal, not a warning
     policy: tuple = ()                # failure_policy.KindRule per failure kind (the YAML `policy:` section)
     mirror: Optional[str] = None      # s3://BUCKET/PREFIX: checkpoints mirrored to object storage
+    auto_attach: bool = True          # the job's HF / Lightning Trainers get the callback and resume point by themselves
+    callback: tuple = ()              # (name, value) options of an auto-attached callback (the YAML `callback:` mapping)
 
     @property
     def env_dict(self) -> dict[str, str]:
@@ -145,6 +147,15 @@ def _bool_field(key: str, value: Any) -> dict[str, Any]:
     return {key: value}
 
 
+def _callback_field(key: str, value: Any) -> dict[str, Any]:
+    if isinstance(value, tuple):
+        return {key: value}
+    try:
+        return {key: parse_callback_options(value)}
+    except ValueError as e:
+        raise ConfigError(f"callback: {e}") from None
+
+
 def _policy_field(key: str, value: Any) -> dict[str, Any]:
     from .decisions.failure_policy import parse_policy
 
@@ -210,10 +221,10 @@ _PARSERS: dict[str, Callable[[str, Any], dict[str, Any]]] = {
                      "divergence_window"), _int_field),
     **dict.fromkeys(("backoff", "backoff_max", "grace_period", "heartbeat_timeout", "startup_timeout",
                      "save_timeout", "heartbeat_timeout_floor"), _seconds_field),
-    **dict.fromkeys(("prestart", "strict_resume", "heartbeat_timeout_auto"), _bool_field),
+    **dict.fromkeys(("prestart", "strict_resume", "heartbeat_timeout_auto", "auto_attach"), _bool_field),
     **dict.fromkeys(("script", "run_dir", "working_dir", "metrics_textfile_dir", "rdzv_endpoint"), _path_field),
     "policy": _policy_field, "preload": _preload_field, "command": _command_field, "args": _args_field,
-    "env": _env_field, "metrics": _metrics_field, "mirror": _mirror_field,
+    "env": _env_field, "metrics": _metrics_field, "mirror": _mirror_field, "callback": _callback_field,
     "memory_limit": lambda key, value: {key: parse_size(value, key)},
     "no_restart_exit_codes": lambda key, value: {key: parse_exit_codes(value, key)},
 }

@@ -21,6 +21,8 @@ rooms named `_x` are internal: a script relies only on `__all__`:
                      export, probe
     _launch/       launchers the supervisor prestarts: a waiting torchrun, a warm interpreter
                      standby, warm
+    _attach/       auto-attach: the bootstrap dir the supervisor puts first on a job's PYTHONPATH
+                     sitecustomize
     errors         ShimError and its families: every exception a user may catch
 """
 

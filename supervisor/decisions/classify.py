@@ -8,6 +8,7 @@ from typing import Optional
 
 from trainer_shim.rundir import DIVERGED_ERROR_TYPE, EXIT_DIVERGED, EXIT_OK, EXIT_PREEMPTED, ErrorRecord, Kind
 
+from ..process.below import DeathBelow
 from ..process.launch import ProcessFailure, RendezvousFailure
 
 # Kind is defined by the contract (the shim and the user's script read it too); re-exported here.
@@ -28,6 +29,7 @@ class AttemptFacts:
     rank_failures: tuple[ProcessFailure, ...] = ()   # torchrun's summary, root cause first
     ranks_stopped: Optional[str] = None       # multi-rank: every rank's last beat is `stopping` (detail)
     rendezvous_error: Optional[RendezvousFailure] = None   # torchrun died joining its peers
+    below: Optional[DeathBelow] = None        # the trainer a signal killed below a launcher (its exit code said so)
 
     @property
     def exit_code(self) -> Optional[int]:
@@ -35,7 +37,15 @@ class AttemptFacts:
 
     @property
     def signal(self) -> Optional[int]:
-        return -self.returncode if self.returncode is not None and self.returncode < 0 else None
+        """The signal that killed the child, or the trainer below the launcher child."""
+        if self.returncode is not None and self.returncode < 0:
+            return -self.returncode
+        return self.below.signal if self.below is not None else None
+
+    def _how(self) -> str:
+        if self.below is not None:
+            return f"{self.below.describe()} (launcher exit code {self.exit_code})"
+        return f"killed by {_signame(self.signal)}" if self.signal else f"exit code {self.exit_code}"
 
 
 def _signame(num: int) -> str:
@@ -78,10 +88,9 @@ def classify(f: AttemptFacts) -> tuple[Kind, str]:
     if f.error is not None and is_cuda_oom(f.error):
         return Kind.CUDA_OOM, _error_text(f.error)
     if f.oom_evidence:
-        how = f"killed by {_signame(f.signal)}" if f.signal else f"exit code {f.exit_code}"
-        return Kind.OOM, f"{how}; " + "; ".join(f.oom_evidence)
+        return Kind.OOM, f"{f._how()}; " + "; ".join(f.oom_evidence)
     if f.signal is not None:
-        return Kind.SIGNAL, f"killed by {_signame(f.signal)}; no OOM evidence in cgroup or kernel log"
+        return Kind.SIGNAL, f"{f._how()}; no OOM evidence in cgroup or kernel log"
     if f.rendezvous_error and not f.rank_failures:
         why = " (another node's previous attempt had not ended yet)" if f.rendezvous_error.closed else ""
         return Kind.RENDEZVOUS, (f"exit code {f.exit_code}; torchrun could not join its peers: "

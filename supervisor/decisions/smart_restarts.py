@@ -23,6 +23,7 @@ from ..config import Config
 from .divergence import DivergenceTracker
 from .failure_policy import KindRule, apply_rule
 from ..insight.notify import child_environ
+from ..process.launch import attach_environ
 
 __all__ = ["Judgement", "SmartRestarts"]
 
@@ -96,7 +97,7 @@ class SmartRestarts:
         env = child_environ(os.environ)
         env.update(self.attempt_env(self.config.env_dict))
         env.setdefault("PYTHONUNBUFFERED", "1")
-        return env
+        return attach_environ(env, self.config.auto_attach, self.config.callback)
 
 
 def newer_checkpoints(found: list[tuple[int, Path, Path]], above: Optional[int], since: float) -> tuple[str, ...]:

@@ -20,9 +20,10 @@ from pathlib import Path
 from typing import Optional, Union
 
 from trainer_shim.rundir import (ENV_DOCTOR, ENV_DOCTOR_FAULTS, ENV_DOCTOR_STEPS, ENV_RUN_DIR, EXIT_DOCTOR_FAILED,
-                                 EXIT_EXACT, EXIT_OK, EXIT_NOT_EXACT, FAULT_KILL, FAULT_RAISE, MARK_BATCH, MARK_STEP)
+                                 EXIT_EXACT, EXIT_OK, EXIT_NOT_EXACT, FAULT_KILL, FAULT_RAISE, MARK_BATCH, MARK_STEP,
+                                 ContractError, Event, RunDir, read_events)
 
-__all__ = ["DoctorResult", "Divergence", "run_doctor", "compare", "read_log", "DEFAULT_STEPS", "DEFAULT_KILL_AT",
+__all__ = ["DoctorResult", "Divergence", "run_doctor", "compare", "read_log", "resume_mismatches", "DEFAULT_STEPS", "DEFAULT_KILL_AT",
            "EXIT_EXACT", "EXIT_NOT_EXACT", "EXIT_DOCTOR_FAILED"]
 
 DEFAULT_STEPS = 60
@@ -197,6 +198,28 @@ def _compare_rank(baseline: list[dict], interrupted: list[dict], rank: int) -> O
                       "every captured component matched", _FIXES["outside"])
 
 
+def resume_mismatches(rd: RunDir) -> list[str]:
+    """One line per attempt whose framework began at another step than its resume point (the
+    shim's `resume_step_mismatch` events). Re-training from step 0 repeats the same digests, so
+    comparing them alone would call such a run exact."""
+    try:
+        found = read_events(rd)
+    except ContractError:
+        return []
+    return [f"attempt {e.get('attempt')} trained from step {e.get('actual_step')} instead of resuming from "
+            f"{e.get('path')} (step {e.get('expected_step')})"
+            for e in found if e.get("event") == Event.RESUME_STEP_MISMATCH.value]
+
+
+def _resume_not_applied(rd: RunDir) -> Optional[Divergence]:
+    lines = resume_mismatches(rd)
+    if not lines:
+        return None
+    return Divergence(0, "resume", f"the resume point was not applied: {lines[0]}",
+                      "pass the checkpoint the callback chose to the Trainer (resume_from_checkpoint=cb.resume_from(...)"
+                      " / ckpt_path=cb.resume_from()), or drop --no-auto-attach")
+
+
 def _supervise(job: list[str], run_dir: Path, env: dict, log: Path, restarts: int) -> tuple[int, float]:
     argv = [sys.executable, "-m", "supervisor", "run", "--run-dir", str(run_dir), "--backoff", "0",
             "--max-restarts", str(restarts), *job]
@@ -250,7 +273,8 @@ def run_doctor(job: list[str], steps: int = DEFAULT_STEPS, kill_at: tuple[int, .
         if not any(r.get("at") == MARK_STEP for r in baseline):
             res.error = "the script recorded no steps; does it call trainer_shim.init() and run.step()?"
             return res
-        res.divergence = compare(baseline, read_log(logs["interrupted"]))
+        res.divergence = _resume_not_applied(RunDir(scratch / "interrupted")) or compare(
+            baseline, read_log(logs["interrupted"]))
         res.exact = res.divergence is None
         return res
     finally:

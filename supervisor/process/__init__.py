@@ -1,6 +1,7 @@
 """Process control: spawn, watch and stop the job's processes.
 
     attempts   Attempt (what runs) and AttemptResult (how it ended, assessed once)
+    below      a trainer's death below a launcher (sh -c, swift, accelerate): the pid and signal
     cgroup     --memory-limit cgroups and the kernel's OOM-kill evidence
     heartbeat  per-rank liveness from file events and a timer, on our own clock
     launch     the torchrun argv; torchrun's per-rank failure records

@@ -25,6 +25,7 @@ from trainer_shim.rundir import (
 from . import procs
 from .cgroup import KernelLog, MemoryCgroup
 from ..decisions.classify import AttemptFacts, Kind, classify, is_cuda_oom
+from .below import death_below
 from .heartbeat import HeartbeatMonitor
 from .launch import ProcessFailure, parse_rendezvous_failure, parse_torchrun_failure
 
@@ -189,6 +190,7 @@ class AttemptResult:
     error: Optional[RankError] = None
     failure_time: Optional[str] = None
     detected_time: Optional[str] = None
+    dead_pid: Optional[int] = None  # the trainer a signal killed below a launcher
 
     @property
     def rank_exit_code(self) -> Optional[int]:
@@ -199,7 +201,8 @@ class AttemptResult:
         """The fields of this attempt's `attempt_ended` event."""
         return dict(kind=self.kind.value, exit_code=self.exit_code, signal=self.signal, step=self.step,
                     evidence=self.evidence, log_tail=self.log_tail, resumed_from=self.resumed_from,
-                    progressed=self.progressed, failure_time=self.failure_time, detected_time=self.detected_time)
+                    progressed=self.progressed, failure_time=self.failure_time, detected_time=self.detected_time,
+                    **({"dead_pid": self.dead_pid} if self.dead_pid is not None else {}))
 
 
 def next_log_number(rd: RunDir, after: int) -> int:
@@ -266,7 +269,14 @@ def _oom_evidence(a: Attempt, cgroup: Optional[MemoryCgroup]) -> tuple[str, ...]
         kills = cgroup.oom_kills()
         if kills > a.oom_base:
             evidence.append(f"cgroup {cgroup.counter_name} rose {a.oom_base}->{kills}")
-    return (*evidence, *a.kernel_log.oom_kills(a.seen.keys()))
+    # The trainers' pids from their beats too: one below a launcher may have lived between two scans.
+    return (*evidence, *a.kernel_log.oom_kills({*a.seen.keys(), *_trainer_pids(a)}))
+
+
+def _trainer_pids(a: Attempt) -> list[int]:
+    """The pids of the ranks' last beats that were not ending by themselves (finished, stopping)."""
+    ending = (Phase.FINISHED.value, Phase.STOPPING.value)
+    return [t.record.pid for _, t in sorted(a.monitor.tracks.items()) if t.record.phase not in ending]
 
 
 def last_step(rd: RunDir, a: Attempt) -> Optional[int]:
@@ -285,6 +295,7 @@ def assess(rd: RunDir, a: Attempt, rc: int, *, cgroup: Optional[MemoryCgroup], s
     tail = tail_lines(a.child.log_path)
     failures = tuple(parse_torchrun_failure(tail)) if rc not in (0, None) else ()
     err = attempt_error(rd, a.number, failures)
+    below = death_below(rc, a.child.pid, _trainer_pids(a), a.seen) if not failures else None
     kind, detail = classify(AttemptFacts(
         returncode=rc, killed_for=a.killed_for, stale_detail=a.stale_detail, oom_evidence=_oom_evidence(a, cgroup),
         error=err.record if err else None, error_rank=err.rank if err else None, stop_requested=stop_requested,
@@ -292,11 +303,12 @@ def assess(rd: RunDir, a: Attempt, rc: int, *, cgroup: Optional[MemoryCgroup], s
         ranks_stopped=ranks_stopped(a.monitor, multi_node=rd.node is not None, stop_requested=stop_requested),
         # Only when no rank of this attempt ever beat: a torchrun that loses the store mid-run is no rendezvous retry.
         rendezvous_error=parse_rendezvous_failure(tail) if rc not in (0, None) and not a.monitor.tracks else None,
+        below=below,
     ))
     resumed = a.resumed_from if a.resumed_known else a.chosen
     resumed_step = parse_checkpoint_name(Path(resumed).name) if resumed else None
     newest = newest_valid(checkpoint_roots(rd), exclude=poisoned)
-    facts = AttemptFacts(returncode=rc)
+    facts = AttemptFacts(returncode=rc, below=below)
     failed = kind not in (Kind.SUCCESS, Kind.PREEMPTED)
     step = last_step(rd, a)
     # Progress (no evidence against the checkpoint resumed from): a newer checkpoint committed, or
@@ -309,6 +321,7 @@ def assess(rd: RunDir, a: Attempt, rc: int, *, cgroup: Optional[MemoryCgroup], s
         duration_s=round(time.monotonic() - a.started, 3), failures=failures, error=err,
         failure_time=iso_at(a.failed_at) if failed and a.failed_at is not None else None,
         detected_time=iso_at(a.detected_at) if failed and a.detected_at is not None else None,
+        dead_pid=below.pid if below is not None else None,
     )
 
 

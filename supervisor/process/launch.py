@@ -9,16 +9,19 @@ attempt; the supervisor then kills the whole tree.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import signal as signal_mod
 import sys
 from typing import Optional, Sequence
 
+from trainer_shim.rundir import ATTACH_DIR, ENV_CALLBACK
+
 from ..errors import ConfigError
 
 __all__ = ["torchrun_command", "ProcessFailure", "parse_torchrun_failure", "RendezvousFailure", "parse_rendezvous_failure",
-           "TorchrunOptions", "torchrun_options", "standby_command", "is_python_script"]
+           "TorchrunOptions", "torchrun_options", "standby_command", "is_python_script", "attach_environ"]
 
 _TORCHRUN_MODULE = "torch.distributed.run"
 STANDBY_MODULE = "trainer_shim._launch.standby"
@@ -112,6 +115,27 @@ def standby_command(command: Sequence[str], preload: Sequence[str] = ()) -> Opti
         opts = (f"--preload={','.join(preload)}",) if preload else ()
         return (command[0], "-m", WARM_MODULE, *opts, *command[1:])
     return None
+
+
+def attach_environ(env: dict[str, str], on: bool, callback: Sequence[tuple[str, object]] = ()) -> dict[str, str]:
+    """`env` for auto-attach: the shim's bootstrap dir first on PYTHONPATH (every Python process of
+    the job, launchers' children included, then gives its Trainers the callback), the callback's
+    options. Off: the bootstrap dir is taken out (a job under a supervisor under a supervisor)."""
+    boot = str(ATTACH_DIR)
+    current = env.get("PYTHONPATH")
+    # An empty entry means the working directory: kept, only our own entry is moved or removed.
+    paths = [p for p in current.split(os.pathsep) if p != boot] if current else []
+    if on:
+        paths.insert(0, boot)
+    if paths:
+        env["PYTHONPATH"] = os.pathsep.join(paths)
+    else:
+        env.pop("PYTHONPATH", None)
+    if on and callback:
+        env[ENV_CALLBACK] = json.dumps(dict(callback))
+    else:
+        env.pop(ENV_CALLBACK, None)
+    return env
 
 
 def is_python_script(command: Sequence[str]) -> bool:

@@ -12,7 +12,7 @@ from tests.conftest import REPO, child_env
 from trainer_shim._policies import provenance
 from trainer_shim.rundir import (
     ENV_ALLOW_RESHARD, ENV_ATTEMPT, ENV_DOCTOR, ENV_DOCTOR_FAULTS, ENV_DOCTOR_STEPS, ENV_LAST_FAILURE, ENV_NAMES,
-    ENV_NODE, ENV_RESUME_FROM, ENV_RUN_DIR, ENV_STRICT_RESUME, FAULT_KILL, FAULT_RAISE, RESUME_NONE, EnvError, RunEnv,
+    ENV_NODE, ENV_RESUME_FROM, ENV_RUN_DIR, ENV_STRICT_RESUME, ENV_CALLBACK, FAULT_KILL, FAULT_RAISE, RESUME_NONE, EnvError, RunEnv,
 )
 from trainer_shim.rundir import env as env_module
 
@@ -29,6 +29,7 @@ VALID = {
     ENV_DOCTOR: ("/tmp/d.jsonl", {"doctor_log": "/tmp/d.jsonl"}),
     ENV_DOCTOR_FAULTS: ("41:raise, 17", {"doctor_faults": ((17, FAULT_KILL), (41, FAULT_RAISE))}),
     ENV_DOCTOR_STEPS: ("60", {"doctor_steps": 60}),
+    ENV_CALLBACK: ('{"save_every_steps": 5, "keep_last": 2}', {"callback_options": (("keep_last", 2), ("save_every_steps", 5))}),
 }
 
 
@@ -51,7 +52,8 @@ def test_unset_or_empty_leaves_the_choice_to_init() -> None:
 @pytest.mark.parametrize("name, value", [(ENV_ALLOW_RESHARD, "maybe"), (ENV_ATTEMPT, "two"), (ENV_ATTEMPT, "0"),
                                          (ENV_NODE, "-1"), (ENV_STRICT_RESUME, "strict"), (ENV_DOCTOR_STEPS, "ten"),
                                          (ENV_DOCTOR_STEPS, "0"), (ENV_DOCTOR_FAULTS, "17:explode"),
-                                         (ENV_DOCTOR_FAULTS, "x:kill")])
+                                         (ENV_DOCTOR_FAULTS, "x:kill"), (ENV_CALLBACK, "{"),
+                                         (ENV_CALLBACK, '{"save_every": 5}'), (ENV_CALLBACK, '{"keep_last": 0}')])
 def test_a_bad_value_is_a_one_line_error_naming_the_variable(name: str, value: str) -> None:
     with pytest.raises(EnvError) as e:
         RunEnv.from_environ({name: value})

@@ -39,12 +39,23 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--output_dir", required=True)
     p.add_argument("--out", required=True)
+    # none: no resilient-run code at all (auto-attach adds the callback and the resume point);
+    # ignore-resume: the callback, but the resume point is never passed to the Trainer;
+    # fresh: the same, saying so (resume_from_checkpoint=False: auto-attach leaves it alone)
+    p.add_argument("--callback", choices=("explicit", "none", "ignore-resume", "fresh"), default="explicit")
     a = p.parse_args()
-    cb = ResilientCallback()
+    cb = ResilientCallback() if a.callback != "none" else None
     faults = Faults(cb)
-    trainer = build(a.output_dir, callbacks=[FaultCallback(faults), cb, AfterStep(faults)])
+    trainer = build(a.output_dir, callbacks=[FaultCallback(faults), *([cb] if cb else []), AfterStep(faults)])
     trainer.model.register_forward_pre_hook(faults.in_forward)
-    trainer.train(resume_from_checkpoint=cb.resume_from(a.output_dir))
+    if a.callback == "explicit":
+        trainer.train(resume_from_checkpoint=cb.resume_from(a.output_dir))
+    elif a.callback == "fresh":
+        trainer.train(resume_from_checkpoint=False)
+    else:
+        trainer.train()
+    if a.callback == "explicit":  # auto-attach must not add a second one
+        assert sum(isinstance(c, ResilientCallback) for c in trainer.callback_handler.callbacks) == 1
     if trainer.is_world_process_zero():  # DDP: every rank holds the same weights
         torch.save({k: v.clone() for k, v in trainer.model.state_dict().items()}, a.out)
 

@@ -31,16 +31,22 @@ class FaultCallback(pl.Callback):
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
+    # none: no resilient-run code (auto-attach adds the callback, the config its save_every_steps)
+    p.add_argument("--callback", choices=("explicit", "none"), default="explicit")
     a = p.parse_args()
-    cb = ResilientCallback(save_every_steps=5)
+    cb = ResilientCallback(save_every_steps=5) if a.callback == "explicit" else None
     faults = Faults(cb)
     # Under torchrun (WORLD_SIZE > 1): Lightning DDP with one process per rank; torchrun started them
     # all, so Lightning does not spawn.
     world = int(os.environ.get("WORLD_SIZE", "1"))
     ddp = dict(strategy="ddp", devices=world, num_nodes=1) if world > 1 else {}
-    model, loader, trainer = build(callbacks=[cb, FaultCallback(faults)], **ddp)
+    model, loader, trainer = build(callbacks=[*([cb] if cb else []), FaultCallback(faults)], **ddp)
     model.net.register_forward_pre_hook(faults.in_forward)  # training_step calls self.net
-    trainer.fit(model, train_dataloaders=loader, ckpt_path=cb.resume_from())
+    if cb is not None:
+        trainer.fit(model, train_dataloaders=loader, ckpt_path=cb.resume_from())
+        assert sum(isinstance(c, ResilientCallback) for c in trainer.callbacks) == 1  # auto-attach added none
+    else:
+        trainer.fit(model, train_dataloaders=loader)
     if trainer.is_global_zero:  # DDP: every rank holds the same weights
         torch.save({k: v.clone() for k, v in model.state_dict().items()}, a.out)
 

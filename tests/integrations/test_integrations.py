@@ -91,6 +91,7 @@ def _campaign(spec: dict, tmp_path: Path) -> list[str]:
     ends = [(e["attempt"], e["kind"], e["evidence"], e.get("log_tail", [])[-5:]) for e in events(run, Event.ATTEMPT_ENDED)]
     assert [k for _, k, _, _ in ends[4:]] == ["success"], ends[4:]
     assert events(run, Event.ATTEMPT_STARTED)[-1]["resume_from"]
+    assert not events(run, Event.RESUME_STEP_MISMATCH), "every attempt began at its checkpoint's step"
     assert_equal_state(weights(out), ref, "final weights vs the uninterrupted run")
 
     v = run_cli("checkpoints", str(run), "--verify", "--json", env=env)

@@ -56,6 +56,8 @@ CASES = {
     "yaml unknown key": lambda t, g: ["--config", _yaml(t, "max_restart: 3\n"), FAKE_JOB],
     "yaml wrong type": lambda t, g: ["--config", _yaml(t, "heartbeat_timeout: soon\n"), FAKE_JOB],
     "yaml not a mapping": lambda t, g: ["--config", _yaml(t, "- a\n- b\n"), FAKE_JOB],
+    "yaml unknown callback option": lambda t, g: ["--config", _yaml(t, "callback: {save_every: 5}\n"), FAKE_JOB],
+    "yaml bad callback value": lambda t, g: ["--config", _yaml(t, "callback: {save_every_steps: 0}\n"), FAKE_JOB],
     "run dir is a file": lambda t, g: ["--run-dir", str(g / "events.jsonl"), FAKE_JOB],
     "run dir parent missing": lambda t, g: ["--run-dir", str(t / "no" / "such" / "run"), FAKE_JOB],
     "status on non-run-dir": lambda t, g: ["status", str(t)],
@@ -77,6 +79,8 @@ HINTS = {
     "run dir is a file": "is a file", "run dir parent missing": "does not exist", "status on non-run-dir": "not a run dir",
     "watch interval zero": "--interval", "stop negative timeout": "--timeout", "report png is a dir": "is a directory",
     "report png unwritable": "cannot write",
+    "yaml unknown callback option": "unknown callback option 'save_every'",
+    "yaml bad callback value": "save_every_steps: expected a positive int",
 }
 
 

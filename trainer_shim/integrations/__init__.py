@@ -5,6 +5,7 @@ Both reuse the shim's machinery (`_session`): heartbeats, signals, manifests, in
 
 Modules:
 
+    _autoattach  auto-attach: patches a Trainer's train()/fit() so it gets the callback and the resume point
     _doctor     doctor mode for the callbacks: per-step digest records
     _resumable  a train loader Lightning can resume mid-epoch bit-exactly
 """

@@ -60,6 +60,8 @@ class Session:
                                    keep_epochs=keep_last, keep_best=0, background=False)
         self.resumed_from: Optional[Path] = None
         self.checkpoint_step: Optional[int] = None
+        self._chosen = False              # choose() ran: its answer, not the supervisor's, is the resume point
+        self._resume_checked = False
         self.hb = Heartbeat(self.rd.heartbeat(self.rank), rank=self.rank, attempt=self.attempt,
                             interval=heartbeat_interval, node=self.rd.node)
         self.mark = StepMark(self.rd.step_mark(self.rank))  # before the first beat: the supervisor's reached_step relies on it
@@ -176,6 +178,7 @@ class Session:
         # rank 0 alone reports the rejections.
         info = rundir.choose([Path(r) for r in roots], self.env.resume_from, full=True,
                              on_reject=self.reject if self.is_zero else None)
+        self._chosen = True
         self.resumed_from = info.path if info else None
         self.retention.resumed_step = info.step if info else None
         return info
@@ -193,6 +196,27 @@ class Session:
         if self.is_zero:
             say(f"resuming from {info.path} (step {info.step})")
         return info
+
+    def check_resumed(self, start_step: int) -> None:
+        """Once, as the framework begins training at `start_step` (its restored global step): a
+        resume point that was not passed to the framework (it starts at 0 again, rewriting every
+        checkpoint) must not go unnoticed. One line on stderr and a `resume_step_mismatch` event
+        (doctor fails on it); training goes on, as the script asked."""
+        if self._resume_checked:
+            return
+        self._resume_checked = True
+        if self._chosen:
+            path, expected = self.resumed_from, self.checkpoint_step
+        else:  # the script never asked us: the supervisor's choice is what it should have loaded
+            chosen = self.env.resume_from
+            path = Path(chosen) if chosen and not self.env.fresh_start_requested else None
+            expected = rundir.parse_checkpoint_name(path.name) if path is not None else None
+        if expected is None or start_step == expected:
+            return
+        say(f"error: resume not applied: training starts after step {start_step}, but the checkpoint to resume "
+            f"from is {path} (step {expected}); pass it to the Trainer (resume_from_checkpoint= / ckpt_path=, "
+            "e.g. cb.resume_from()) or leave it to auto-attach")
+        self.event(Event.RESUME_STEP_MISMATCH, path=str(path), expected_step=expected, actual_step=start_step)
 
     def discard_newer(self, roots: Iterable[Path], step: int) -> None:
         """Remove checkpoint dirs newer than the resume point that did not validate: the framework

@@ -12,6 +12,13 @@ the next step end plus exit 75, and takes over ``save_total_limit`` rotation: th
 *inside* its save, before ``on_save`` runs, so a kill between its rotation and our manifest could
 leave no valid checkpoint at all. We rotate after the manifest is committed instead, and never
 delete the checkpoint the run resumed from (nor the Trainer's best one).
+
+ms-swift builds the callbacks it names in ``--callbacks`` as ``cls(args, trainer)`` before its
+Trainer; so built, the callback sets ``args.resume_from_checkpoint`` itself (ms-swift passes it to
+``train()``). A plugin file (``--external_plugins FILE --callbacks resilient``) needs two lines:
+
+    from swift.callbacks import callbacks_map
+    callbacks_map["resilient"] = ResilientCallback
 """
 
 from __future__ import annotations
@@ -46,7 +53,10 @@ def _remove_if_just_made(path: Path, since: float) -> None:
 class ResilientCallback(TrainerCallback):
     """Supervision for a ``transformers.Trainer``; see the module docstring."""
 
-    def __init__(self, run_dir: Optional[os.PathLike | str] = None, *, heartbeat_interval: float = 1.0) -> None:
+    def __init__(self, run_dir: Any = None, trainer: Any = None, *, heartbeat_interval: float = 1.0) -> None:
+        swift_args = None
+        if run_dir is not None and not isinstance(run_dir, (str, os.PathLike)) and hasattr(run_dir, "output_dir"):
+            swift_args, run_dir = run_dir, None  # ms-swift's cls(args, trainer); `trainer` is not needed
         self.run_dir = run_dir
         self.heartbeat_interval = heartbeat_interval
         self.session: Optional[Session] = None
@@ -57,6 +67,8 @@ class ResilientCallback(TrainerCallback):
         self._doctor: Optional[FrameworkDoctor] = None
         self._save_t0: Optional[float] = None   # the step end before the Trainer's save (its stall starts)
         self._born = time.time()  # before the Trainer (built after its callbacks) creates output_dir
+        if swift_args is not None and not getattr(swift_args, "resume_from_checkpoint", None):
+            swift_args.resume_from_checkpoint = self.resume_from(swift_args.output_dir)
 
     # --- setup and resume ----------------------------------------------------------------------
 
@@ -99,6 +111,7 @@ class ResilientCallback(TrainerCallback):
         s = self._start(args.output_dir)
         s.install_stop()
         s.group  # every rank here together: the shim's barrier group is created collectively
+        s.check_resumed(state.global_step)  # the Trainer has loaded its checkpoint's state by now
         self._limit = args.save_total_limit
         s.set_keep_last(self._limit if self._limit else _UNLIMITED)
         args.save_total_limit = None  # we rotate, after our manifest is committed

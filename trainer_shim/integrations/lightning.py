@@ -112,6 +112,7 @@ class _Resilient:
         # before our save): SIGTERM now means "save at this step's end and exit 75".
         s.install_stop()
         s.group  # every rank here together (torch.distributed is up): the barrier group is made collectively
+        s.check_resumed(trainer.global_step)  # restored from ckpt_path before this hook
         s.beat(trainer.global_step, trainer.current_epoch, Phase.STARTING.value)  # `training` from the first step on
 
     # --- per step ------------------------------------------------------------------------------

@@ -24,7 +24,8 @@ One module per idea:
     selection  newest valid checkpoint, the `latest` link
     commit     the one commit protocol (tmp dir, hashed members, manifest last, rename), discard
     index      checkpoint_metadata.json, checkpoint search roots
-    frameworks HF Trainer / Lightning layouts: checkpoint-N dirs, extra roots, member names
+    frameworks HF Trainer / Lightning layouts: checkpoint-N dirs, extra roots, member names;
+               auto-attach: the bootstrap dir, the callback options
     snapshots  memory snapshot slots in /dev/shm: names, the owner/mode trust rule, find/persist/free
     doctor     doctor mode: digest-log record kinds, injected faults
 
@@ -58,7 +59,8 @@ from .clock import iso_at, now_iso
 from .doctor import FAULT_KILL, FAULT_RAISE, MARK_BATCH, MARK_EPOCH, MARK_STEP, parse_faults
 from .env import (
     ENV_ALLOW_RESHARD, ENV_ATTEMPT, ENV_DOCTOR, ENV_DOCTOR_FAULTS, ENV_DOCTOR_STEPS, ENV_LAST_FAILURE, ENV_NAMES,
-    ENV_NODE, ENV_RESUME_FROM, ENV_RUN_DIR, ENV_STRICT_RESUME, RESUME_NONE, RunEnv, LauncherEnv, parse_bool,
+    ENV_NODE, ENV_RESUME_FROM, ENV_RUN_DIR, ENV_STRICT_RESUME, ENV_CALLBACK, RESUME_NONE, RunEnv, LauncherEnv,
+    parse_bool,
 )
 from .errors import ContractError, EnvError, InvalidCheckpoint, ShimError
 from .events import (
@@ -70,7 +72,7 @@ from .exits import (
     EXIT_NOT_EXACT, EXIT_OK, EXIT_PREEMPTED, EXIT_REFUSED, EXIT_STOPPED, EXIT_SUPERVISOR_GONE, EXIT_USAGE,
 )
 from .frameworks import (
-    HF_PREFIX, LIGHTNING_CKPT, ROOTS_FILE, hf_checkpoint_name, parse_hf_checkpoint_name, read_extra_roots,
+    ATTACH_DIR, CALLBACK_OPTIONS, HF_PREFIX, LIGHTNING_CKPT, ROOTS_FILE, hf_checkpoint_name, parse_callback_options, parse_hf_checkpoint_name, read_extra_roots,
     record_extra_root, roots_file,
 )
 from .index import checkpoint_roots, index_entry, read_index
@@ -103,7 +105,7 @@ __all__ = [
     "ShimError", "ContractError", "InvalidCheckpoint", "EnvError",
     # environment
     "ENV_RUN_DIR", "ENV_ATTEMPT", "ENV_RESUME_FROM", "ENV_LAST_FAILURE", "ENV_ALLOW_RESHARD", "ENV_NODE",
-    "ENV_STRICT_RESUME", "ENV_DOCTOR", "ENV_DOCTOR_FAULTS", "ENV_DOCTOR_STEPS", "ENV_NAMES",
+    "ENV_STRICT_RESUME", "ENV_DOCTOR", "ENV_DOCTOR_FAULTS", "ENV_DOCTOR_STEPS", "ENV_CALLBACK", "ENV_NAMES",
     "RESUME_NONE", "RunEnv", "LauncherEnv", "parse_bool",
     # exit codes
     "EXIT_OK", "EXIT_CRASH", "EXIT_REFUSED", "EXIT_DIVERGED", "EXIT_PREEMPTED", "EXIT_GAVE_UP", "EXIT_USAGE",
@@ -130,7 +132,7 @@ __all__ = [
     "repoint_latest", "index_entry", "read_index", "checkpoint_roots",
     # framework layouts
     "HF_PREFIX", "hf_checkpoint_name", "parse_hf_checkpoint_name", "ROOTS_FILE", "roots_file", "read_extra_roots",
-    "record_extra_root", "LIGHTNING_CKPT",
+    "record_extra_root", "LIGHTNING_CKPT", "ATTACH_DIR", "CALLBACK_OPTIONS", "parse_callback_options",
     # memory snapshot slots
     "SHM_DIR", "SNAPSHOT_PREFIX", "SNAPSHOT_SLOTS", "TABLE_SUFFIX", "TENSORS_SUFFIX", "TENSOR_REF",
     "snapshot_slot_paths",

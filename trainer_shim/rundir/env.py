@@ -10,15 +10,17 @@ prefix, never `RESILIENT_`.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Mapping
 from typing import Optional
 
 from .doctor import parse_faults
 from .errors import EnvError
+from .frameworks import parse_callback_options
 
 __all__ = [
     "ENV_RUN_DIR", "ENV_ATTEMPT", "ENV_RESUME_FROM", "ENV_LAST_FAILURE", "ENV_ALLOW_RESHARD", "ENV_NODE",
-    "ENV_STRICT_RESUME", "ENV_DOCTOR", "ENV_DOCTOR_FAULTS", "ENV_DOCTOR_STEPS", "ENV_NAMES",
+    "ENV_STRICT_RESUME", "ENV_DOCTOR", "ENV_DOCTOR_FAULTS", "ENV_DOCTOR_STEPS", "ENV_CALLBACK", "ENV_NAMES",
     "RESUME_NONE", "RunEnv", "parse_bool", "LauncherEnv",
 ]
 
@@ -41,9 +43,12 @@ ENV_DOCTOR = "RESILIENT_DOCTOR"
 ENV_DOCTOR_FAULTS = "RESILIENT_DOCTOR_FAULTS"
 # In doctor mode the shim finishes the run cleanly once this step is reached.
 ENV_DOCTOR_STEPS = "RESILIENT_DOCTOR_STEPS"
+# Auto-attach: the options of the callback the job's Trainer is given (a JSON object, the config's
+# `callback:` mapping; keys in frameworks.CALLBACK_OPTIONS).
+ENV_CALLBACK = "RESILIENT_CALLBACK"
 
 ENV_NAMES = (ENV_RUN_DIR, ENV_ATTEMPT, ENV_RESUME_FROM, ENV_LAST_FAILURE, ENV_ALLOW_RESHARD, ENV_NODE,
-             ENV_STRICT_RESUME, ENV_DOCTOR, ENV_DOCTOR_FAULTS, ENV_DOCTOR_STEPS)
+             ENV_STRICT_RESUME, ENV_DOCTOR, ENV_DOCTOR_FAULTS, ENV_DOCTOR_STEPS, ENV_CALLBACK)
 
 RESUME_NONE = "none"                       # the supervisor found nothing valid: start fresh
 
@@ -76,6 +81,15 @@ def _parse_int(name: str, value: Optional[str], *, minimum: int) -> Optional[int
     return n
 
 
+def _parse_callback(value: Optional[str]) -> tuple[tuple[str, object], ...]:
+    if value is None or not value.strip():
+        return ()
+    try:
+        return parse_callback_options(json.loads(value))
+    except ValueError as e:  # json.JSONDecodeError is a ValueError too
+        raise EnvError(ENV_CALLBACK, value, f"a JSON object of callback options ({e})") from None
+
+
 def _parse_faults(value: Optional[str]) -> tuple[tuple[int, str], ...]:
     try:
         return tuple(sorted(parse_faults(value or "").items()))
@@ -99,6 +113,7 @@ class RunEnv:
     doctor_log: Optional[str] = None       # set: doctor mode, digests appended to this file
     doctor_faults: tuple[tuple[int, str], ...] = ()   # (step, FAULT_KILL | FAULT_RAISE), by step
     doctor_steps: Optional[int] = None     # doctor mode ends the run cleanly at this step
+    callback_options: tuple[tuple[str, object], ...] = ()   # the auto-attached callback's options, by name
 
     @property
     def fresh_start_requested(self) -> bool:
@@ -118,6 +133,7 @@ class RunEnv:
             doctor_log=environ.get(ENV_DOCTOR) or None,
             doctor_faults=_parse_faults(environ.get(ENV_DOCTOR_FAULTS)),
             doctor_steps=_parse_int(ENV_DOCTOR_STEPS, environ.get(ENV_DOCTOR_STEPS), minimum=1),
+            callback_options=_parse_callback(environ.get(ENV_CALLBACK)),
         )
 
 

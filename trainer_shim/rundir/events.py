@@ -40,6 +40,9 @@ class Event(str, enum.Enum):
     SAVE_SKIPPED = "save_skipped"                  # W shim: step, target, reason (a save not taken now)
     FIRST_STEP = "first_step"                      # W shim: the first run.step() of an attempt (report's timings)
     RESUME_MISMATCH = "resume_mismatch"            # W shim: path, differences, strict
+    # W shim: the framework's training began at another step than the checkpoint it was meant to
+    # resume from (a resume point not passed to the Trainer): path, expected_step, actual_step.
+    RESUME_STEP_MISMATCH = "resume_step_mismatch"
     POLICY_APPLIED = "policy_applied"              # W supervisor: the YAML policy rule of a failure kind
     DIVERGED = "diverged"                          # W shim: step, loss, resumed_from; then EXIT_DIVERGED
     # W supervisor (--mirror): a committed checkpoint is on object storage, manifest last: path, url,

@@ -27,7 +27,8 @@ class _RunRoot(Protocol):
     def root(self) -> Path: ...
 
 __all__ = ["HF_PREFIX", "parse_hf_checkpoint_name", "hf_checkpoint_name", "ROOTS_FILE", "roots_file",
-           "read_extra_roots", "record_extra_root", "LIGHTNING_CKPT"]
+           "read_extra_roots", "record_extra_root", "LIGHTNING_CKPT", "ATTACH_DIR", "CALLBACK_OPTIONS",
+           "parse_callback_options"]
 
 HF_PREFIX = "checkpoint-"
 _HF_RE = re.compile(r"^checkpoint-(\d+)$")
@@ -38,6 +39,34 @@ ROOTS_FILE = "checkpoint_roots.json"
 
 # The one member of a Lightning checkpoint dir (Lightning's own checkpoint file).
 LIGHTNING_CKPT = "lightning.ckpt"
+
+
+# Auto-attach: the directory the supervisor prepends to a job's PYTHONPATH. Its sitecustomize
+# makes every Python process of the job give its HF / Lightning Trainer the callback (the shim's
+# _attach package; found from here because the supervisor may import only this contract).
+ATTACH_DIR = Path(__file__).resolve().parents[1] / "_attach"
+
+# The options of an auto-attached callback (the config's `callback:` mapping) and their types;
+# each framework's callback takes those of its constructor (save_every_steps: Lightning only).
+CALLBACK_OPTIONS: dict[str, type] = {"save_every_steps": int, "keep_last": int, "save_on_train_end": bool,
+                                     "heartbeat_interval": float}
+
+
+def parse_callback_options(value: object) -> tuple[tuple[str, object], ...]:
+    """A mapping of callback options -> sorted (name, value) pairs; ValueError (one line) otherwise."""
+    if not isinstance(value, dict):
+        raise ValueError(f"expected a mapping of {', '.join(CALLBACK_OPTIONS)}, got {value!r}")
+    out = []
+    for name, v in value.items():
+        want = CALLBACK_OPTIONS.get(str(name))
+        if want is None:
+            raise ValueError(f"unknown callback option {name!r}; known: {', '.join(CALLBACK_OPTIONS)}")
+        ok = isinstance(v, bool) if want is bool else (
+            isinstance(v, (int, float)) and not isinstance(v, bool) and (want is float or float(v).is_integer()))
+        if not ok or (want is not bool and v <= 0):
+            raise ValueError(f"callback option {name}: expected a positive {want.__name__}, got {v!r}")
+        out.append((str(name), want(v)))
+    return tuple(sorted(out))
 
 
 def hf_checkpoint_name(step: int) -> str:

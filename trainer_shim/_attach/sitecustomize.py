@@ -1,0 +1,96 @@
+"""Auto-attach bootstrap: runs at the start of every Python process of a supervised job.
+
+Costs one dictionary lookup per import until a framework's trainer module loads: no torch, no
+trainer_shim import here. When `transformers.trainer` or a Lightning trainer module has executed,
+trainer_shim.integrations._autoattach patches its Trainer (the callback and the resume point).
+Then the user's own sitecustomize (the next one on sys.path) runs, as it would have without us.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import os
+import sys
+
+# module whose execution defines a Trainer -> the patch function in integrations._autoattach
+_TARGETS = {
+    "transformers.trainer": "patch_hf",
+    "lightning.pytorch.trainer.trainer": "patch_lightning",
+    "pytorch_lightning.trainer.trainer": "patch_lightning",
+}
+_HERE = os.path.dirname(os.path.abspath(__file__))
+# The shim's root (the dir holding trainer_shim/): appended to sys.path only if a job's own
+# Python cannot import trainer_shim (e.g. another venv), so the job's packages always win.
+_SHIM_ROOT = os.path.dirname(os.path.dirname(_HERE))
+
+
+def _patch(fullname: str, module: object) -> None:
+    try:
+        import trainer_shim.integrations._autoattach as auto
+    except ImportError:
+        if _SHIM_ROOT not in sys.path:
+            sys.path.append(_SHIM_ROOT)
+        import trainer_shim.integrations._autoattach as auto
+    getattr(auto, _TARGETS[fullname])(module)
+
+
+class _Finder:
+    """A meta-path finder that only watches: it lets the other finders find a target module and
+    wraps that spec's loader.exec_module (on its own loader instance) to patch after execution."""
+
+    @classmethod
+    def find_spec(cls, fullname: str, path: object = None, target: object = None) -> object:
+        if fullname not in _TARGETS:
+            return None
+        for finder in sys.meta_path:
+            if finder is cls or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        run = getattr(loader, "exec_module", None)
+        if run is None:
+            return spec
+
+        def exec_module(module: object) -> None:
+            try:
+                del loader.exec_module  # back to the class's: a loader may serve other modules (zipimport)
+            except AttributeError:
+                pass
+            run(module)
+            if getattr(module, "__name__", None) == fullname:
+                _patch(fullname, module)
+
+        try:
+            loader.exec_module = exec_module  # this module's loader instance only
+        except AttributeError:
+            return spec
+        return spec
+
+    @classmethod
+    def invalidate_caches(cls) -> None:
+        pass
+
+
+def _chain_user_sitecustomize() -> None:
+    """Run the sitecustomize Python would have run without our directory first on sys.path."""
+    rest = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
+    if spec is None or spec.loader is None:
+        return
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["sitecustomize"] = module
+    spec.loader.exec_module(module)
+
+
+if __name__ == "sitecustomize":  # imported by `site` at start-up, not as trainer_shim._attach.sitecustomize
+    if not any(f is _Finder for f in sys.meta_path):
+        sys.meta_path.insert(0, _Finder)
+    already = {name for name in _TARGETS if name in sys.modules}  # cannot happen at start-up; be safe
+    for name in already:
+        _patch(name, sys.modules[name])
+    _chain_user_sitecustomize()
