@@ -26,6 +26,7 @@ One module per idea:
     index      checkpoint_metadata.json, checkpoint search roots
     frameworks HF Trainer / Lightning layouts: checkpoint-N dirs, extra roots, member names
     snapshots  memory snapshot slots in /dev/shm: names, the owner/mode trust rule, find/persist/free
+    slot_memory  who holds slot memory (owner records), what it weighs, the stale rule, freeing it
     doctor     doctor mode: digest-log record kinds, injected faults
 
 Run-dir layout::
@@ -89,11 +90,12 @@ from .records import (
 )
 from .selection import choose, iter_checkpoint_dirs, newest_valid, repoint_latest
 from .snapshots import (
-    SHM_DIR, SNAPSHOT_PREFIX, SNAPSHOT_SLOTS, TABLE_SUFFIX, TENSOR_REF, TENSORS_SUFFIX, snapshot_slot_paths,
+    SHM_DIR, SNAPSHOT_PREFIX, SNAPSHOT_SLOTS, TABLE_SUFFIX, TENSOR_REF, TENSORS_SUFFIX, slot_prefix, snapshot_slot_paths,
     snapshot_slot_ranks,
     untrusted_slot_reason,
     complete_slots, free_slots, newest_complete, persist_newest, persist_slot, remove_slot,
 )
+from .slot_memory import STALE_AFTER_S, SlotGroup, free_group, free_stale, lock_pid, owner_path, record_owner, run_slots, slot_groups, stale_reason
 from .stepmark import STEP_MARK_SIZE, StepMark, reached_step, read_step_mark
 
 __all__ = [
@@ -133,10 +135,11 @@ __all__ = [
     "record_extra_root", "LIGHTNING_CKPT",
     # memory snapshot slots
     "SHM_DIR", "SNAPSHOT_PREFIX", "SNAPSHOT_SLOTS", "TABLE_SUFFIX", "TENSORS_SUFFIX", "TENSOR_REF",
-    "snapshot_slot_paths",
+    "snapshot_slot_paths", "slot_prefix",
     "snapshot_slot_ranks",
     "untrusted_slot_reason",
     "complete_slots", "newest_complete", "persist_slot", "persist_newest", "free_slots", "remove_slot",
+    "STALE_AFTER_S", "SlotGroup", "lock_pid", "owner_path", "record_owner", "run_slots", "slot_groups", "stale_reason", "free_group", "free_stale",
     # doctor mode
     "MARK_STEP", "MARK_BATCH", "MARK_EPOCH", "FAULT_KILL", "FAULT_RAISE", "parse_faults",
 ]
