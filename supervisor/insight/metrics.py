@@ -35,8 +35,9 @@ METRICS: dict[str, tuple[str, str]] = {
     "resilient_run_disk_free_bytes": ("gauge", "Free bytes on the run dir's filesystem (for unprivileged users)."),
     "resilient_run_save_interval_seconds": ("gauge", "The trainer's current automatic (Young/Daly) save interval."),
     "resilient_run_goodput_ratio": ("gauge", "Useful training time / wall time (README: What failures cost)."),
+    "resilient_run_ettr_ratio": ("gauge", "Effective training time ratio: failure- and checkpoint-free wall time / wall time (README: report)."),
     "resilient_run_lost_steps_total": ("counter", "Steps redone after restarts."),
-    "resilient_run_recovery_seconds": ("histogram", "Failure -> first step of the next attempt (detect, stop, spawn, restore, first step)."),
+    "resilient_run_recovery_seconds": ("histogram", "Failure -> first step of the next attempt (detect, stop, start, restore, first step)."),
 }
 
 # Recovery takes seconds (a quick restart) to many minutes (a large restore after a node loss).
@@ -60,6 +61,7 @@ class MetricsSnapshot:
     disk_free_bytes: Optional[int]
     save_interval_s: Optional[float] = None
     goodput: Optional[float] = None
+    ettr: Optional[float] = None
     lost_steps: Optional[int] = None
     recovery_seconds: tuple[float, ...] = ()
 
@@ -109,6 +111,7 @@ def render(s: MetricsSnapshot) -> str:
         "resilient_run_disk_free_bytes": [(run, s.disk_free_bytes)],
         "resilient_run_save_interval_seconds": [(run, s.save_interval_s)],
         "resilient_run_goodput_ratio": [(run, s.goodput)],
+        "resilient_run_ettr_ratio": [(run, s.ettr)],
         "resilient_run_lost_steps_total": [(run, s.lost_steps)],
         **_histogram("resilient_run_recovery_seconds", run, s.recovery_seconds),
     }
