@@ -6,12 +6,9 @@ step) and every checkpoint is a marker at its step. matplotlib is the optional [
 from __future__ import annotations
 
 import datetime as _dt
-from typing import TYPE_CHECKING, Optional
+from typing import Any, Optional
 
 from ..decisions.classify import Kind
-
-if TYPE_CHECKING:
-    from .report import RunReport
 
 __all__ = ["draw", "PHASES"]
 
@@ -25,7 +22,7 @@ def _t(s: Optional[str]) -> Optional[float]:
     return _dt.datetime.fromisoformat(s).timestamp() if s else None
 
 
-def _shade(ax, rep: "RunReport", t0: float) -> None:  # noqa: ANN001 - a matplotlib Axes
+def _shade(ax, rep: Any, t0: float) -> None:  # noqa: ANN001 - a matplotlib Axes
     """Each recovery's phases as vertical bands, back to back from the failure to the first step."""
     firsts = {ln["attempt"]: _t(ln["points"][0][0]) for ln in rep.step_lines}
     for c in rep.attempts:
@@ -40,7 +37,7 @@ def _shade(ax, rep: "RunReport", t0: float) -> None:  # noqa: ANN001 - a matplot
                 at += d
 
 
-def draw(rep: "RunReport", path: str, width_px: int = 1200, height_px: int = 400) -> None:
+def draw(rep: Any, path: str, width_px: int = 1200, height_px: int = 400) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
