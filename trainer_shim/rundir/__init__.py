@@ -55,7 +55,7 @@ Run-dir layout::
 
 from . import commit
 from .atomic import atomic_write_bytes, atomic_write_json, exchange, fsync_dir, read_json
-from .clock import iso_at, now_iso, process_start_time, start_marks
+from .clock import iso_at, now_iso, process_start_ticks, process_start_time, start_marks
 from .doctor import FAULT_KILL, FAULT_RAISE, MARK_BATCH, MARK_EPOCH, MARK_STEP, parse_faults
 from .env import (
     ENV_ALLOW_RESHARD, ENV_ATTEMPT, ENV_DOCTOR, ENV_DOCTOR_FAULTS, ENV_DOCTOR_STEPS, ENV_LAST_FAILURE, ENV_NAMES,
@@ -118,7 +118,7 @@ __all__ = [
     "checkpoint_name", "parse_checkpoint_name", "heartbeat_name", "parse_heartbeat_name",
     "step_mark_name", "tmp_dirs", "inside",
     # files
-    "fsync_dir", "exchange", "atomic_write_bytes", "atomic_write_json", "read_json", "now_iso", "iso_at", "process_start_time", "start_marks",
+    "fsync_dir", "exchange", "atomic_write_bytes", "atomic_write_json", "read_json", "now_iso", "iso_at", "process_start_ticks", "process_start_time", "start_marks",
     # records
     "Phase", "HEARTBEAT_FIELDS", "HeartbeatRecord", "read_heartbeat", "read_heartbeat_record",
     "RunState", "SupervisorState", "ErrorRecord", "StandbyMessage", "StepMark", "read_step_mark", "reached_step",

@@ -4,7 +4,7 @@ A memory snapshot slot outlives the process that wrote it (that is its point: a 
 nothing). A run with a supervisor gets its slots freed when the supervisor stops; a standalone
 run (no supervisor) that is killed and never rerun would hold them until reboot. So every rank
 that takes memory snapshots records itself beside its slots, in
-`/dev/shm/resilient-run-<hash>-[r<R>-]owner.json` ({pid, create_time, run_dir, node, rank}),
+`/dev/shm/resilient-run-<hash>-[r<R>-]owner.json` ({pid, start_ticks, run_dir, node, rank}),
 and a slot group (one run dir's, or one node's, slots) is **stale** when
 
   * no recorded owner process is alive (pid and start time: a reused pid is not the owner), and
@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from .clock import process_start_ticks
 from .layout import RunDir
 from .manifest import MANIFEST_NAME, Manifest
 from .snapshots import OWNER_NAME, SHM_DIR, SNAPSHOT_PREFIX, remove_slot, slot_prefix
@@ -40,32 +41,19 @@ def owner_path(run_root: Path, node: Optional[int] = None, rank: int = 0) -> Pat
     return SHM_DIR / f"{slot_prefix(run_root, node)}{tag}{OWNER_NAME}"
 
 
-def _create_time(pid: int) -> Optional[float]:
-    import psutil  # here: only slot owners and the CLI pay its import
-
-    try:
-        return psutil.Process(pid).create_time()
-    except (psutil.Error, ValueError):
-        return None
-
-
-def owner_alive(pid: object, create_time: object) -> bool:
-    """The recorded process still runs (same pid and start time, not a zombie)."""
-    import psutil
-
-    if not isinstance(pid, int) or not isinstance(create_time, (int, float)):
+def owner_alive(pid: object, start_ticks: object) -> bool:
+    """The recorded process still runs: same pid and start time (a reused pid is someone else), not
+    a zombie. /proc, not psutil: the owner record is written on the restore path, where psutil's
+    import (~40 ms) would be paid by every restart."""
+    if not isinstance(pid, int) or not isinstance(start_ticks, int) or pid <= 0:
         return False
-    try:
-        p = psutil.Process(pid)
-        return abs(p.create_time() - create_time) <= 0.05 and p.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
+    return process_start_ticks(pid) == start_ticks
 
 
 def record_owner(run_root: Path, node: Optional[int] = None, rank: int = 0) -> None:
     """This process holds the slots of (run_root, node, rank); OSError propagates (caller warns)."""
     path = owner_path(run_root, node, rank)
-    rec = {"pid": os.getpid(), "create_time": _create_time(os.getpid()), "run_dir": os.path.realpath(run_root),
+    rec = {"pid": os.getpid(), "start_ticks": process_start_ticks(), "run_dir": os.path.realpath(run_root),
            "node": node, "rank": rank}
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=SHM_DIR)  # 0600
     try:
@@ -112,7 +100,7 @@ class SlotGroup:
 
     @property
     def live_owner(self) -> Optional[int]:
-        return next((o["pid"] for o in self.owners if owner_alive(o.get("pid"), o.get("create_time"))), None)
+        return next((o["pid"] for o in self.owners if owner_alive(o.get("pid"), o.get("start_ticks"))), None)
 
     @property
     def touched(self) -> float:
