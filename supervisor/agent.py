@@ -204,8 +204,7 @@ class Supervisor:
         before = a.monitor.first
         a.monitor.observe(now)
         hb = a.monitor.first
-        if a.learn_resumed(hb):
-            self._prestart()  # the job is past its own start-up: the next launcher's imports may run now
+        a.learn_resumed(hb)
         if hb is not None and (before is None or (before.step, before.phase) != (hb.step, hb.phase)):
             self.notifier.status(self._status_line(hb))
         if self.stop_requested:
@@ -267,6 +266,7 @@ class Supervisor:
         self.journal.write_state()
         say(f"attempt {n} started (pid {child.pid}), " + (f"resuming from {chosen}" if chosen else "starting fresh"))
         self.notifier.status(self._status_line())
+        self._prestart()  # warm at any moment: a crash before the first step restarts warm too
 
     def _prestart(self) -> None:
         """Start the next attempt's launcher now, so that a restart does not wait for its imports."""

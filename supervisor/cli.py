@@ -19,7 +19,7 @@ from .process.stopping import stop_run
 
 __all__ = ["app", "main", "resolve_job"]
 
-COMMANDS = ("run", "status", "checkpoints", "stop", "export", "doctor", "report")
+COMMANDS = ("run", "status", "checkpoints", "stop", "export", "doctor", "report", "slots")
 
 app = typer.Typer(
     add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
@@ -151,6 +151,10 @@ def export_cmd(
 from .cli_insight import register as _register_insight  # noqa: E402 - needs `app`
 
 _register_insight(app)
+
+from .cli_slots import register as _register_slots  # noqa: E402 - needs `app`
+
+_register_slots(app)
 
 
 def main(argv: Optional[list[str]] = None) -> None:

@@ -28,6 +28,7 @@ SHORT_VARIANTS = {
 LONG_TESTS = {
     "tests/distributed/test_ddp.py::test_a_full_primary_root_sends_every_ranks_save_to_the_fallback_dir",
     "tests/faults/test_memory_snapshots.py::test_a_half_written_or_untrusted_slot_is_never_used[loose_mode]",
+    "tests/faults/test_slot_memory.py::test_stale_slots_of_a_deleted_run_are_freed_by_the_next_run",
 }
 LONG_MODULES = re.compile(r"^tests/.*(_long|/test_soak)\.py::")
 

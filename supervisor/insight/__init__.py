@@ -9,4 +9,5 @@
     render    reports to text and rich tables
     report    what the failures of a run cost, from events.jsonl
     status    status report and checkpoint listing (read-only)
+    timeline  `report --png`: global step over wall time, recovery phases, checkpoints
 """

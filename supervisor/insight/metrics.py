@@ -35,6 +35,7 @@ METRICS: dict[str, tuple[str, str]] = {
     "resilient_run_disk_free_bytes": ("gauge", "Free bytes on the run dir's filesystem (for unprivileged users)."),
     "resilient_run_save_interval_seconds": ("gauge", "The trainer's current automatic (Young/Daly) save interval."),
     "resilient_run_goodput_ratio": ("gauge", "Useful training time / wall time (README: What failures cost)."),
+    "resilient_run_ettr_ratio": ("gauge", "Effective training time ratio: failure- and checkpoint-free wall time / wall time (README: report)."),
     "resilient_run_lost_steps_total": ("counter", "Steps redone after restarts."),
     "resilient_run_mirror_lag_seconds": ("gauge", "--mirror: seconds the newest local checkpoint has waited for its upload (0 when mirrored)."),
     "resilient_run_mirror_failures_total": ("counter", "--mirror: failed upload tries (each is retried)."),
@@ -62,6 +63,7 @@ class MetricsSnapshot:
     disk_free_bytes: Optional[int]
     save_interval_s: Optional[float] = None
     goodput: Optional[float] = None
+    ettr: Optional[float] = None
     lost_steps: Optional[int] = None
     recovery_seconds: tuple[float, ...] = ()
     mirror_lag_s: Optional[float] = None      # only with --mirror
@@ -113,6 +115,7 @@ def render(s: MetricsSnapshot) -> str:
         "resilient_run_disk_free_bytes": [(run, s.disk_free_bytes)],
         "resilient_run_save_interval_seconds": [(run, s.save_interval_s)],
         "resilient_run_goodput_ratio": [(run, s.goodput)],
+        "resilient_run_ettr_ratio": [(run, s.ettr)],
         "resilient_run_lost_steps_total": [(run, s.lost_steps)],
         "resilient_run_mirror_lag_seconds": [(run, s.mirror_lag_s)],
         "resilient_run_mirror_failures_total": [(run, s.mirror_failures)],

@@ -66,7 +66,7 @@ def format_progress(p: Progress) -> str:
 
 
 class CostCache:
-    """Goodput, lost steps and recovery times for the metrics textfile, recomputed only when
+    """Goodput, ETTR, lost steps and recovery times for the metrics textfile, recomputed only when
     events.jsonl changed (the supervisor writes metrics every few seconds)."""
 
     def __init__(self, rd: RunDir) -> None:
@@ -83,7 +83,7 @@ class CostCache:
         if key != self._key:
             rep = build_report(self.rd)
             self._key = key
-            self._value = {"goodput": rep.goodput, "lost_steps": rep.lost_steps,
+            self._value = {"goodput": rep.goodput, "ettr": rep.ettr, "lost_steps": rep.lost_steps,
                            "recovery_seconds": tuple(a.recover_total for a in rep.attempts
                                                      if a.recover_total is not None)}
         return self._value

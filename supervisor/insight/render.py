@@ -20,7 +20,7 @@ from .progress import format_progress
 from .status import CheckpointRow, StatusReport
 
 __all__ = ["fmt_age", "fmt_ago", "fmt_bytes", "title", "describe_state", "describe_phase", "describe_progress", "status_rows",
-           "status_table", "checkpoint_cells", "checkpoints_table", "watch", "stop_summary", "doctor_text"]
+           "status_table", "describe_slots", "checkpoint_cells", "checkpoints_table", "watch", "stop_summary", "doctor_text"]
 
 # The checkpoints table's columns as shown, and the order they go in at a narrow terminal (least
 # important first); the name, the key a user copies into `export` or RESILIENT_RESUME_FROM, never goes.
@@ -119,7 +119,19 @@ def status_rows(rep: StatusReport) -> list[tuple[str, str]]:
         rows.append(("save interval", f"{fmt_age(rep.save_interval_s)} (auto)"))
     if rep.mirrored is not None:
         rows.append(("mirrored", f"{rep.mirrored['url']} (step {_or_dash(rep.mirrored['step'])}, {fmt_ago(rep.mirrored['at'])})"))
+    if rep.memory_slots:
+        rows.append(("memory slots", describe_slots(rep.memory_slots, rep.supervisor_alive)))
     return rows
+
+
+def describe_slots(m: dict, supervised: bool) -> str:
+    """`770.0 MiB in 2 slots (owner pid 12 running)`, or how to take the memory back."""
+    head = f"{fmt_bytes(m.get('bytes'))} in {len(m.get('slots') or [])} slot(s) in /dev/shm"
+    if m.get("live_owner_pid") is not None:
+        return f"{head} (owner pid {m['live_owner_pid']} running)"
+    if supervised:
+        return f"{head} (kept by the supervisor for the next attempt)"
+    return f"{head} (owner gone; free: resilient-run slots RUN_DIR --free)"
 
 
 def status_table(rep: StatusReport, heading: str):  # noqa: ANN201 - a rich Table

@@ -44,13 +44,18 @@ class AttemptCost:
     last_step: Optional[int]
     steps_redone: int
     # Recovery from the failure that ended the previous attempt (None for the first one), seconds;
-    # detect + stop + spawn + restore + first step = total.
+    # detect + stop + start + restore + first step = total (each boundary a mark of its own side).
     recover_detect: Optional[float] = None        # failure -> the supervisor saw it (a hang: its timeout)
     recover_stop: Optional[float] = None          # saw it -> every process of the attempt gone
-    recover_spawn: Optional[float] = None         # previous attempt ended -> this one started
-    recover_restore: Optional[float] = None       # started -> restore done (the shim's first_step event)
+    recover_start: Optional[float] = None         # previous attempt ended -> init() called: backoff, spawn,
+                                                  # interpreter start and imports (a warm standby: activation)
+    recover_restore: Optional[float] = None       # init() -> state restored (older shims: started -> restored)
     recover_first_step: Optional[float] = None    # restore done -> first step
     recover_total: Optional[float] = None         # failure (else the previous end) -> first step
+    # Parts of recover_start: previous end -> attempt started (backoff, fork), and this attempt's
+    # process start (or attempt start, if the process was a standby started earlier) -> init().
+    recover_spawn: Optional[float] = None
+    recover_imports: Optional[float] = None
     saving_seconds: Optional[float] = None        # training stalled by saves (None: no checkpoint_saved events)
     saves: int = 0                                # saves that returned to training (checkpoint_saved events)
 
@@ -65,6 +70,11 @@ class RunReport:
     restarts_by_kind: dict[str, int]
     checkpoints: list[dict] = dataclasses.field(default_factory=list)   # {step, time, kind[, attempt]}
     saving_seconds: Optional[float] = None        # the attempts' time spent saving, summed
+    # Effective training time ratio: the wall time the job would have taken with no failure and no
+    # checkpoint (the first attempt's start up to its first step, plus the useful time) / wall time.
+    ettr: Optional[float] = None
+    # Global step over wall time for the PNG: per attempt [(time, step)] from its first step to its end.
+    step_lines: list[dict] = dataclasses.field(default_factory=list)
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -97,12 +107,18 @@ def _recovery(c: AttemptCost, prev: Optional[dict], t_start: float, fs: Optional
     failed, detected = _t(prev.get("failure_time")), _t(prev.get("detected_time"))
     t_first = _t(fs["time"]) if fs else None
     t_restored = _t(fs.get("restored_time")) if fs else None
+    t_init, t_born = (_t(fs.get("init_time")), _t(fs.get("process_start_time"))) if fs else (None, None)
     if failed is not None and detected is not None:
         c.recover_detect = round(detected - failed, 3)
         c.recover_stop = round(prev_end - detected, 3)
     c.recover_spawn = round(t_start - prev_end, 3)
+    # From init() on, the shim's own marks; an older shim's event has no init_time: "started" stands for it.
+    began = t_init if t_init is not None else t_start
+    c.recover_start = round(began - prev_end, 3)
+    if t_init is not None:
+        c.recover_imports = round(t_init - max(t_start, t_born if t_born is not None else t_start), 3)
     if t_restored is not None:
-        c.recover_restore = round(t_restored - t_start, 3)
+        c.recover_restore = round(t_restored - began, 3)
         if t_first is not None:
             c.recover_first_step = round(t_first - t_restored, 3)
     if t_first is not None:
@@ -139,7 +155,36 @@ def build_report(rd: RunDir) -> RunReport:
     return RunReport(attempts=out, wall_seconds=round(wall, 3), useful_seconds=round(useful, 3),
                      goodput=round(useful / wall, 4) if wall > 0 else None, lost_steps=lost,
                      restarts_by_kind=dict(kinds), checkpoints=_checkpoints(rd, attempts),
-                     saving_seconds=round(sum(saving), 3) if saving else None)
+                     saving_seconds=round(sum(saving), 3) if saving else None,
+                     ettr=_ettr(attempts, useful, wall), step_lines=_step_lines(out, attempts))
+
+
+def _ettr(attempts: dict[int, dict], useful: float, wall: float) -> Optional[float]:
+    """(first attempt's start -> its first step, which a failure-free job pays too, + useful time) / wall.
+    1.0 for a run that never failed nor saved; None until an attempt has ended after its first step."""
+    if not attempts or wall <= 0:
+        return None
+    first = attempts[min(attempts)]
+    if "first" not in first:
+        return None
+    startup = max(0.0, _t(first["first"]["time"]) - _t(first["started"]["time"]))
+    return round(min(1.0, (startup + useful) / wall), 4)
+
+
+def _step_lines(out: list[AttemptCost], attempts: dict[int, dict]) -> list[dict]:
+    """Each attempt's global step over time (its first step -> its failure or end; even pacing
+    assumed between), so a plot shows the rollback at each failure."""
+    lines = []
+    for c in out:
+        a = attempts[c.attempt]
+        fs, en = a.get("first"), a.get("ended")
+        if fs is None or en is None or not isinstance(fs.get("step"), int) or c.last_step is None:
+            continue
+        pts = [(fs["time"], fs["step"])] + [(ev["time"], ev["step"]) for ev in a["saves"]
+                                            if isinstance(ev.get("step"), int) and ev["step"] >= fs["step"]]
+        pts.append((en.get("failure_time") or en["time"], c.last_step))
+        lines.append({"attempt": c.attempt, "points": pts})
+    return lines
 
 
 def _useful(c: AttemptCost, en: Optional[dict], fs: Optional[dict]) -> float:
@@ -171,10 +216,10 @@ def render_text(rep: RunReport) -> str:
     def f(x: Optional[float]) -> str:
         return "-" if x is None else f"{x:.2f}s"
 
-    head = "recover = detect/stop/spawn/restore/first step"
+    head = "recover = detect/stop/start/restore/first step"
     lines = [f"{'#':>3} {'kind':<12} {'resumed':>7} {'last':>6} {'redone':>6} {'saving':>7}  {head:<52} evidence"]
     for c in rep.attempts:
-        parts = (c.recover_detect, c.recover_stop, c.recover_spawn, c.recover_restore, c.recover_first_step)
+        parts = (c.recover_detect, c.recover_stop, c.recover_start, c.recover_restore, c.recover_first_step)
         rec = "-" if c.recover_total is None else f"{f(c.recover_total)} = " + "/".join(f(x) for x in parts)
         lines.append(f"{c.attempt:>3} {c.kind or 'running':<12} {c.resumed_from_step:>7} "
                      f"{'-' if c.last_step is None else c.last_step:>6} {c.steps_redone:>6} "
@@ -183,42 +228,14 @@ def render_text(rep: RunReport) -> str:
     gp = "-" if rep.goodput is None else f"{rep.goodput:.1%}"
     kinds = ", ".join(f"{k} {v}" for k, v in sorted(rep.restarts_by_kind.items())) or "none"
     saving = "-" if rep.saving_seconds is None else f"{rep.saving_seconds:.1f}s"
-    lines.append(f"wall {rep.wall_seconds:.1f}s, useful {rep.useful_seconds:.1f}s, goodput {gp}, "
+    ettr = "-" if rep.ettr is None else f"{rep.ettr:.1%}"
+    lines.append(f"wall {rep.wall_seconds:.1f}s, useful {rep.useful_seconds:.1f}s, goodput {gp}, ETTR {ettr}, "
                  f"saving {saving}, lost steps {rep.lost_steps}, restarts: {kinds}")
     return "\n".join(lines)
 
 
 def render_png(rep: RunReport, path: str, width_px: int = 1200, height_px: int = 400) -> None:
-    """Timeline: attempts as bars coloured by outcome, failures (x) and checkpoints (|) marked;
-    ImportError without matplotlib."""
-    import matplotlib
+    """The timeline PNG (supervisor.insight.timeline); ImportError without matplotlib."""
+    from .timeline import draw
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    colours = {Kind.SUCCESS.value: "tab:green", None: "tab:blue"}
-    t0 = min((_t(c.start) for c in rep.attempts), default=0.0)
-    fig = plt.figure(figsize=(width_px / 100, height_px / 100), dpi=100)
-    ax = fig.add_subplot(1, 1, 1)
-    for c in rep.attempts:
-        s = _t(c.start) - t0
-        e = (_t(c.end) - t0) if c.end else s
-        ax.barh(c.attempt, max(e - s, 0.01), left=s, color=colours.get(c.kind, "tab:red"))
-        if c.kind not in (Kind.SUCCESS.value, None):
-            ax.plot([e], [c.attempt], marker="x", color="black", markersize=10)
-    for ck in rep.checkpoints:
-        at = _t(ck["time"]) - t0
-        row = ck.get("attempt") or next(
-            (c.attempt for c in rep.attempts if _t(c.start) - t0 <= at <= ((_t(c.end) - t0) if c.end else at)), None)
-        if row is not None:  # a checkpoint committed by an attempt, on that attempt's bar
-            ax.plot([at], [row + 0.45], marker="v", color="navy", markersize=7)
-    gp = "-" if rep.goodput is None else f"{rep.goodput:.1%}"
-    restarts = sum(rep.restarts_by_kind.values())
-    ax.set_title(f"goodput {gp}, lost steps {rep.lost_steps}, {restarts} restart(s)")
-    ax.set_xlabel("seconds since the first attempt")
-    ax.set_yticks([c.attempt for c in rep.attempts], [f"{c.attempt} {c.kind or 'running'}" for c in rep.attempts])
-    ax.plot([], [], "x", color="black", label="failure")
-    ax.plot([], [], "v", color="navy", label="checkpoint")
-    ax.legend(loc="upper left", fontsize="small")
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    draw(rep, path, width_px, height_px)

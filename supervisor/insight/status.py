@@ -14,6 +14,7 @@ from trainer_shim.rundir import (
     ContractError, Event, HeartbeatRecord, InvalidCheckpoint, RunDir, RunState, SupervisorState, checkpoint_roots,
     commit_age, inspect_checkpoint, iter_checkpoint_dirs, newest_valid, parse_checkpoint_name, read_events, read_heartbeat_record,
     read_index,
+    run_slots, stale_reason,
 )
 
 from ..process import procs
@@ -98,6 +99,8 @@ class StatusReport:
     supervisor_alive: bool = False
     stop: Optional[dict] = None   # a requested stop that ended the run: {"attempt", "saved", "step"}
     mirrored: Optional[dict] = None   # --mirror: the newest checkpoint on object storage {"url", "step", "at"}
+    # memory snapshot slots in /dev/shm: {"bytes", "live_owner_pid", "owners", "slots", "stale"}; None if none
+    memory_slots: Optional[dict] = None
 
     @property
     def healthy(self) -> bool:
@@ -105,7 +108,8 @@ class StatusReport:
 
     def to_json(self) -> dict:
         keys = ("state", "supervisor_pid", "child_pid", "attempt", "restarts", "heartbeat_age_s", "step",
-                "epoch", "loss", "last_failure", "latest_checkpoint", "save_interval_s", "stop", "mirrored")
+                "epoch", "loss", "last_failure", "latest_checkpoint", "save_interval_s", "stop", "mirrored",
+                "memory_slots")
         out = {k: getattr(self, k) for k in keys}
         if self.progress is not None:
             out.update(total_steps=self.progress.total_steps, steps_per_s=self.progress.steps_per_s,
@@ -172,6 +176,7 @@ def read_status(rd: RunDir) -> StatusReport:
         progress=progress_of(rd, hb, events, failed=last_failure is not None),
         supervisor_alive=sup_alive,
         stop=_stop(events) if recorded == RunState.STOPPED else None, mirrored=_mirrored(events),
+        memory_slots=_memory_slots(rd),
     )
 
 
@@ -181,6 +186,12 @@ def _mirrored(events: list[dict]) -> Optional[dict]:
         if ev.get("event") in (Event.CHECKPOINT_MIRRORED, Event.CHECKPOINT_RESTORED_FROM_MIRROR):
             return {"url": ev.get("url"), "step": ev.get("step"), "at": ev.get("time")}
     return None
+
+
+def _memory_slots(rd: RunDir) -> Optional[dict]:
+    """What the run's slots hold in /dev/shm (RAM, until freed): a killed standalone run leaves them."""
+    g = run_slots(rd.root, rd.node)
+    return {**g.to_json(), "stale": stale_reason(g)} if g.slots else None
 
 
 # What the supervisor writes after an attempt_ended: the first of these says how that attempt's end was taken.

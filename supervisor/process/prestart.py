@@ -50,6 +50,7 @@ class Prestarter:
         self.working_dir = working_dir
         self._tick = tick
         self.standby: Optional[Standby] = None
+        self.peak_rss = 0   # the largest peak RSS of the attempts seen (a new attempt's own is not known yet)
 
     def start(self, command: Sequence[str], n: int, env: dict[str, str], peak_rss: int) -> None:
         """Prestart attempt n's launcher for `command` (no-op when one exists or none applies)."""
@@ -57,9 +58,10 @@ class Prestarter:
         if argv is None or self.standby is not None:
             return
         warm = is_python_script(command)
-        if warm and not self._memory_for_warm(peak_rss):
+        self.peak_rss = max(self.peak_rss, peak_rss)
+        if warm and not self._memory_for_warm(self.peak_rss):
             return
-        if warm:  # an interpreter still importing torch would make the restart slower than a cold one
+        if warm:  # the file says its imports are done (a restart before that still uses it: it is ahead of a cold start)
             argv = (*argv[:3], f"--ready={self._ready_file(n)}", *argv[3:])
         log_path = self.rd.standby_log(n)
         log_path.unlink(missing_ok=True)  # an idle standby's log left by a killed supervisor: never an attempt's
@@ -94,8 +96,10 @@ class Prestarter:
         sb = self.standby
         if sb is None:
             return None
-        if sb.number <= after or sb.child.poll() is not None or sb.child.popen.stdin is None \
-                or (sb.warm and not self._ready_file(sb.number).exists()):
+        # A warm interpreter still importing is used all the same: it started importing before the
+        # failure, a cold start only after it (an attempt that crashes before its first step, while
+        # its standby still imports, restarts warm); it reads the message once its imports are done.
+        if sb.number <= after or sb.child.poll() is not None or sb.child.popen.stdin is None:
             self.discard()
             return None
         try:

@@ -1,14 +1,19 @@
 """The supervisor's part of memory snapshots: it outlives the trainer, so it keeps
 the shared-memory slots across a restart, persists the newest one to checkpoints/ when the
-trainer died before writing it (torch-free: a verified byte copy), and frees them at the end."""
+trainer died before writing it (torch-free: a verified byte copy), and frees them at the end;
+`slots --free` frees a run's slots (persisting the newest first) for a user."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
-from trainer_shim.rundir import ContractError, Event, RunDir, free_slots, persist_newest as persist_newest_slot
+from trainer_shim.rundir import (
+    ContractError, Event, RunDir, free_group, free_slots, lock_pid, persist_newest as persist_newest_slot, run_slots,
+)
+
+from ..errors import RunDirError
 
 
 def persist_newest(rd: RunDir, emit: Callable[..., Any], say: Callable[[str], None],
@@ -28,3 +33,33 @@ def persist_newest(rd: RunDir, emit: Callable[..., Any], say: Callable[[str], No
 
 def free(rd: RunDir) -> None:
     free_slots(rd.root, rd.node)
+
+
+def free_run_slots(rd: RunDir, persist: bool = True) -> tuple[int, Optional[str]]:
+    """`slots RUN_DIR --free`: (bytes freed, what was persisted first). The newest complete slot
+    goes to checkpoints/ first when it is newer than every disk checkpoint (unless `persist` is
+    off), as the supervisor does after an attempt dies; a live owner's or supervisor's slots are
+    refused (RunDirError, exit 2): only they know whether a write is in flight."""
+    group = run_slots(rd.root, rd.node)
+    pid = group.live_owner
+    if pid is not None:
+        raise RunDirError(f"the memory snapshots of {rd.root} belong to the running process {pid}; "
+                          f"stop it first (they are freed when it finishes)")
+    holder = lock_pid(rd)
+    if holder is not None:
+        raise RunDirError(f"a supervisor (pid {holder}) runs {rd.root} and uses its memory snapshots; "
+                          f"stop it first: resilient-run stop {rd.root}")
+    saved = None
+    if persist and group.slots:
+        try:
+            done = persist_newest_slot(rd)
+        except (OSError, ContractError) as e:
+            raise RunDirError(f"cannot persist the newest memory snapshot of {rd.root} ({e}); "
+                              f"free a disk or pass --discard to drop it") from None
+        if done is not None:
+            saved = f"step {done[1].global_step} to {done[0]}"
+    freed = group.bytes
+    free_group(group)
+    free_slots(rd.root, rd.node)   # and whatever a racing writer left under the run's names
+    return freed, saved
+

@@ -15,6 +15,7 @@ Other knobs (environment):
                          a slow but progressing filesystem (NFS, a busy disk).
   TOY_ASYNC_SAVE=1       init(async_save=True);  TOY_MEMORY_EVERY=K  init(memory_every_steps=K)
   TOY_STEP_SLEEP_ATTEMPT=A --step-sleep applies in attempt A only (the others run at full speed).
+  TOY_CRASH_BEFORE_STEP_ATTEMPT=A  attempt A raises right after init(), before its first step
   TOY_CRASH_IF_RESUMED_FROM_STEP=N
                          raise right after resuming from the checkpoint of step N: a poisoned
                          checkpoint that crashes every attempt resuming from it.
@@ -198,6 +199,8 @@ def main() -> None:
     # kill_settled/kill_hashing at N: the snapshot of N is taken (not skipped while N-1's is hashed).
     settle = {s - 1 for s, a in faults.items() if a in ("kill_settled", "kill_hashing")}
     run.state.setdefault("seen", 0)
+    if os.environ.get("TOY_CRASH_BEFORE_STEP_ATTEMPT") == str(attempt()):
+        raise RuntimeError("toy_train: crash before the first step")
     poison = os.environ.get("TOY_CRASH_IF_RESUMED_FROM_STEP")
     if poison and run.resumed_from and run.global_step == int(poison):
         raise RuntimeError(f"toy_train: checkpoint of step {poison} is poisoned (crash right after resume)")

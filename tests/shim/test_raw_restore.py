@@ -56,6 +56,7 @@ def test_optimizer_state_that_does_not_exist_yet_is_materialised_and_trains_on_b
     run_dir, expect = _snapped(tmp_path)
     cold = _restored(run_dir, expect)  # its optimizer state lands on one fresh anonymous region
     assert cold["step"] == 3 and cold["equal"] and cold["next_equal"], cold
+    assert not cold["dcp_imported"], "a non-sharded restart imported torch.distributed.checkpoint"
     assert cold["in_place"] == sorted(k for k in torch.load(expect, weights_only=True)[3] if k.startswith("model."))
 
 

@@ -53,10 +53,27 @@ def test_figures_match_the_events(doctor_run):
         assert a["recover_stop"] == pytest.approx(_t(prev["time"]) - _t(prev["detected_time"]), abs=2e-3)
         assert a["recover_spawn"] == pytest.approx(_t(started[n]["time"]) - _t(prev["time"]), abs=2e-3)
         assert a["recover_total"] == pytest.approx(_t(first[n]["time"]) - _t(prev["failure_time"]), abs=2e-3)
-        parts = ("recover_detect", "recover_stop", "recover_spawn", "recover_restore", "recover_first_step")
+        # The shim's own marks split the start: init() ends "start" (process start, imports) and begins "restore".
+        fs = first[n]
+        assert a["recover_start"] == pytest.approx(_t(fs["init_time"]) - _t(prev["time"]), abs=2e-3)
+        assert a["recover_restore"] == pytest.approx(_t(fs["restored_time"]) - _t(fs["init_time"]), abs=2e-3)
+        assert _t(started[n]["time"]) - 1 <= _t(fs["process_start_time"]) <= _t(fs["init_time"])
+        assert a["recover_imports"] == pytest.approx(
+            _t(fs["init_time"]) - max(_t(started[n]["time"]), _t(fs["process_start_time"])), abs=2e-3)
+        # A toy's restore takes milliseconds; the interpreter start and `import torch` are "start", not "restore".
+        assert a["recover_imports"] > a["recover_restore"], a
+        parts = ("recover_detect", "recover_stop", "recover_start", "recover_restore", "recover_first_step")
         assert sum(a[k] for k in parts) == pytest.approx(a["recover_total"], abs=8e-3)
     assert a1["recover_total"] is None
     assert 0 < rep["goodput"] < 1 and rep["useful_seconds"] < rep["wall_seconds"]
+    # ETTR also credits the start-up a failure-free job pays once: above goodput, below 1 with two failures.
+    assert rep["goodput"] < rep["ettr"] < 1
+    startup = _t(first[1]["time"]) - _t(started[1]["time"])
+    assert rep["ettr"] == pytest.approx((startup + rep["useful_seconds"]) / rep["wall_seconds"], abs=2e-3)
+    # Global step over time per attempt: each line ends where its attempt failed, the next starts lower.
+    lines = rep["step_lines"]
+    assert [ln["points"][-1][1] for ln in lines] == [7, 11, 12]
+    assert [ln["points"][0][1] for ln in lines] == [1, 6, 11]
 
 
 def test_time_spent_saving(doctor_run):
@@ -81,6 +98,7 @@ def test_text_and_png(doctor_run, tmp_path):
     r = run_cli("report", str(doctor_run), "--png", str(png))
     assert r.returncode == 0, r.stderr
     assert "goodput" in r.stdout.splitlines()[-1] and "restarts: crash 1, signal 1" in r.stdout
+    assert "ETTR" in r.stdout.splitlines()[-1] and "detect/stop/start/restore/first step" in r.stdout
     assert "saving" in r.stdout.splitlines()[0] and ", saving " in r.stdout.splitlines()[-1]
     raw = png.read_bytes()
     assert raw[:8] == b"\x89PNG\r\n\x1a\n"
@@ -109,3 +127,4 @@ def test_status_progress_and_metrics(doctor_run):
     assert 'resilient_run_recovery_seconds_count{run="run"} 2' in prom
     assert 'resilient_run_recovery_seconds_bucket{run="run",le="+Inf"} 2' in prom
     assert "resilient_run_goodput_ratio{" in prom
+    assert f'resilient_run_ettr_ratio{{run="run"}} {rep["ettr"]}' in prom

@@ -57,3 +57,17 @@ def test_warm_restart_matches_cold_and_is_bit_exact(tmp_path):
     for pid in attempt_pids(warm_rd) + attempt_pids(cold_rd):
         assert not alive(pid)
     _no_standby_left(str(warm_out))
+
+
+def test_a_crash_before_the_first_step_restarts_warm(tmp_path):
+    """The standby starts with the attempt, not after its start-up: attempt 1 dies right after init(),
+    before any step (seconds after the supervisor started), and attempt 2 still runs in the warm
+    interpreter."""
+    rd, out = tmp_path / "early", tmp_path / "early.pt"
+    r = run_cli("--run-dir", str(rd), "--backoff", "0", TOY, "--epochs", "1", "--out", str(out),
+                env=sup_env(TOY_CRASH_BEFORE_STEP_ATTEMPT="1"), timeout=180)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert ended_kinds(rd) == ["crash", "success"]
+    assert events(rd, "first_step")[0]["attempt"] == 2   # attempt 1 never reached a step
+    assert [e["warm"] for e in events(rd, "attempt_started")] == [False, True]
+    _no_standby_left(str(out))

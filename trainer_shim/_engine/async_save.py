@@ -91,6 +91,7 @@ class FastSaver:
         for path, why in self.slots.prepare():  # SlotError: the caller turns fast saves off
             say(f"warning: memory snapshot {path} not trusted ({why}); replaced")
             run.engine.event(Event.CHECKPOINT_REJECTED, path=str(path), reason=f"memory snapshot not trusted: {why}")
+        snapshot_store.own(run.rd, run.rank if self.world > 1 else 0)
         self._cv = threading.Condition()
         self._job: Optional[_Job] = None
         self._hashing: Optional[tuple[int, ckpt.Snapshot, float]] = None  # (slot, snapshot, its copy's stall)
@@ -253,6 +254,7 @@ class FastSaver:
         atexit.unregister(self.drain)
         if free:
             self.slots.free()
+            snapshot_store.disown(self.run.rd, self.run.rank if self.world > 1 else 0)
 
     # --- restore ----------------------------------------------------------------------------------
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ from . import checkpoint as ckpt
 from .. import rundir
 from ..errors import CheckpointError
 
-__all__ = ["LoadResult", "load", "sharded_module"]
+__all__ = ["LoadResult", "load", "sharded_module", "uses_dtensor"]
 
 
 def sharded_module() -> Any:
@@ -21,6 +22,16 @@ def sharded_module() -> Any:
     from . import sharded
 
     return sharded
+
+
+def uses_dtensor(model: Any) -> bool:
+    """True when `model` holds DTensor parameters (FSDP2 `fully_shard`, tensor parallel), without
+    importing DCP: no DTensor exists unless its module is loaded. (Creating any torch optimizer
+    loads that module, so it is no sign of a sharded job; DCP itself costs ~0.3-0.6 s to import.)"""
+    dtensor = sys.modules.get("torch.distributed.tensor")
+    if model is None or dtensor is None:
+        return False
+    return any(isinstance(p, dtensor.DTensor) for p in model.parameters())
 
 
 @dataclasses.dataclass

@@ -215,7 +215,7 @@ class Probe:
             self._first = False
             if run.rank == 0:
                 rundir.append_event(run.rd, Event.FIRST_STEP, run.attempt, step=run.global_step,
-                                    restored_time=self.restored_time, pid=os.getpid())
+                                    restored_time=self.restored_time, pid=os.getpid(), **rundir.start_marks(run.init_time))
         self._ref_step = run.global_step
         self._ref_version = self._version_sum()
         if self.doctor is None:

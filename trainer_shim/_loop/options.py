@@ -6,11 +6,10 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
-import sys
 from typing import Any, Mapping, Optional, Union
 
 from ..errors import ConfigError
-from .._engine.loading import sharded_module
+from .._engine.loading import uses_dtensor
 from .._policies.save_interval import AUTO, DEFAULT_MTBF_HOURS
 
 __all__ = ["Options", "decide_sharded"]
@@ -84,8 +83,7 @@ class Options:
 def decide_sharded(sharded: Optional[bool], model: Any) -> bool:
     """Whether model/optimizer state goes through DCP (FSDP2/DTensor) instead of torch.save."""
     if sharded is None:  # FSDP2/DTensor state must not be gathered to go through torch.save
-        # No DTensor exists unless its module was imported: spare everyone else DCP's import.
-        sharded = "torch.distributed.tensor" in sys.modules and sharded_module().uses_dtensor(model)
+        sharded = uses_dtensor(model)   # without importing DCP: a non-sharded restore never pays for it
     if sharded and model is None:
         raise ConfigError("sharded=True needs a model (its state goes through torch.distributed.checkpoint)")
     return bool(sharded)

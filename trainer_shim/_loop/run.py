@@ -38,6 +38,7 @@ class Run:
     """One training process's view of its run dir. Create it with `trainer_shim.init()`."""
 
     def __init__(self, **kwargs: Any) -> None:
+        self.init_time = rundir.now_iso()   # the report's start -> restore boundary (the first_step event)
         o = self.options = options.Options.parse(kwargs)
         self.launcher = rundir.LauncherEnv.from_environ(os.environ)
         self.on_nonfinite = divergence.check_mode(o.on_nonfinite, self.launcher.world_size)

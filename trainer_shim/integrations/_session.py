@@ -48,6 +48,7 @@ class Session:
 
     def __init__(self, run_dir: Path, *, heartbeat_interval: float = 1.0, keep_last: int = 3,
                  env: Optional[RunEnv] = None) -> None:
+        self.init_time = rundir.now_iso()   # the report's start -> restore boundary (the first_step event)
         self.env = env if env is not None else product_env()
         launcher = rundir.LauncherEnv.from_environ(os.environ)
         self.rank, self.world_size = launcher.rank, launcher.world_size
@@ -110,7 +111,8 @@ class Session:
         elif phase == Phase.TRAINING.value and not self._first_step_seen:
             self._first_step_seen = True
             if self.is_zero:  # one mark per attempt, as native runs write it
-                self.event(Event.FIRST_STEP, step=step, restored_time=self._restored_time, pid=os.getpid())
+                self.event(Event.FIRST_STEP, step=step, restored_time=self._restored_time, pid=os.getpid(),
+                           **rundir.start_marks(self.init_time))
 
     def beat_due(self) -> bool:
         """Whether the next beat() writes (so a caller can skip computing what only the file needs)."""

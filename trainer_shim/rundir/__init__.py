@@ -27,6 +27,7 @@ One module per idea:
     frameworks HF Trainer / Lightning layouts: checkpoint-N dirs, extra roots, member names;
                auto-attach: the bootstrap dir, the callback options
     snapshots  memory snapshot slots in /dev/shm: names, the owner/mode trust rule, find/persist/free
+    slot_memory  who holds slot memory (owner records), what it weighs, the stale rule, freeing it
     doctor     doctor mode: digest-log record kinds, injected faults
 
 Run-dir layout::
@@ -55,7 +56,7 @@ Run-dir layout::
 
 from . import commit
 from .atomic import atomic_write_bytes, atomic_write_json, exchange, fsync_dir, read_json
-from .clock import iso_at, now_iso
+from .clock import iso_at, now_iso, process_start_ticks, process_start_time, start_marks
 from .doctor import FAULT_KILL, FAULT_RAISE, MARK_BATCH, MARK_EPOCH, MARK_STEP, parse_faults
 from .env import (
     ENV_ALLOW_RESHARD, ENV_ATTEMPT, ENV_DOCTOR, ENV_DOCTOR_FAULTS, ENV_DOCTOR_STEPS, ENV_LAST_FAILURE, ENV_NAMES,
@@ -91,11 +92,12 @@ from .records import (
 )
 from .selection import choose, iter_checkpoint_dirs, newest_valid, repoint_latest
 from .snapshots import (
-    SHM_DIR, SNAPSHOT_PREFIX, SNAPSHOT_SLOTS, TABLE_SUFFIX, TENSOR_REF, TENSORS_SUFFIX, snapshot_slot_paths,
+    SHM_DIR, SNAPSHOT_PREFIX, SNAPSHOT_SLOTS, TABLE_SUFFIX, TENSOR_REF, TENSORS_SUFFIX, slot_prefix, snapshot_slot_paths,
     snapshot_slot_ranks,
     untrusted_slot_reason,
     complete_slots, free_slots, newest_complete, persist_newest, persist_slot, remove_slot,
 )
+from .slot_memory import STALE_AFTER_S, SlotGroup, free_group, free_stale, lock_pid, owner_path, record_owner, run_slots, slot_groups, stale_reason
 from .stepmark import STEP_MARK_SIZE, StepMark, reached_step, read_step_mark
 
 __all__ = [
@@ -118,7 +120,7 @@ __all__ = [
     "checkpoint_name", "parse_checkpoint_name", "heartbeat_name", "parse_heartbeat_name",
     "step_mark_name", "tmp_dirs", "inside",
     # files
-    "fsync_dir", "exchange", "atomic_write_bytes", "atomic_write_json", "read_json", "now_iso", "iso_at",
+    "fsync_dir", "exchange", "atomic_write_bytes", "atomic_write_json", "read_json", "now_iso", "iso_at", "process_start_ticks", "process_start_time", "start_marks",
     # records
     "Phase", "HEARTBEAT_FIELDS", "HeartbeatRecord", "read_heartbeat", "read_heartbeat_record",
     "RunState", "SupervisorState", "ErrorRecord", "StandbyMessage", "StepMark", "read_step_mark", "reached_step",
@@ -135,10 +137,11 @@ __all__ = [
     "record_extra_root", "LIGHTNING_CKPT", "ATTACH_DIR", "CALLBACK_OPTIONS", "parse_callback_options",
     # memory snapshot slots
     "SHM_DIR", "SNAPSHOT_PREFIX", "SNAPSHOT_SLOTS", "TABLE_SUFFIX", "TENSORS_SUFFIX", "TENSOR_REF",
-    "snapshot_slot_paths",
+    "snapshot_slot_paths", "slot_prefix",
     "snapshot_slot_ranks",
     "untrusted_slot_reason",
     "complete_slots", "newest_complete", "persist_slot", "persist_newest", "free_slots", "remove_slot",
+    "STALE_AFTER_S", "SlotGroup", "lock_pid", "owner_path", "record_owner", "run_slots", "slot_groups", "stale_reason", "free_group", "free_stale",
     # doctor mode
     "MARK_STEP", "MARK_BATCH", "MARK_EPOCH", "FAULT_KILL", "FAULT_RAISE", "parse_faults",
 ]

@@ -43,9 +43,11 @@ SNAPSHOT_SLOTS = 2                 # at most two snapshot slots per run dir (nod
 TENSORS_SUFFIX = ".tensors"        # the member holding the raw tensor bytes of `<member>`
 TABLE_SUFFIX = ".table"            # the member describing them (trainer_shim._engine.raw_tensors)
 TENSOR_REF = "\x00rr-tensor:"      # skeleton leaf standing for tensors[i] (NUL: never user text)
+OWNER_NAME = "owner.json"          # `<prefix>[r<R>-]owner.json`: the rank process holding those slots (slot_memory)
 
 
-def _slot_prefix(run_root: Path, node: Optional[int]) -> str:
+def slot_prefix(run_root: Path, node: Optional[int]) -> str:
+    """`resilient-run-<16 hex>-`: every name of this run dir's (node's) slots starts with it."""
     key = f"{os.path.realpath(run_root)}\0{'' if node is None else node}"
     return f"{SNAPSHOT_PREFIX}{xxhash.xxh3_64_hexdigest(key.encode())}-"
 
@@ -56,12 +58,12 @@ def snapshot_slot_paths(run_root: Path, node: Optional[int] = None, rank: int = 
     (and node) and rank, stable across processes. Each rank's slots hold its own share of the
     checkpoint (the members that rank writes to disk), with a manifest listing just those."""
     tag = f"r{rank}-" if rank else ""
-    return [SHM_DIR / f"{_slot_prefix(run_root, node)}{tag}{i}" for i in range(SNAPSHOT_SLOTS)]
+    return [SHM_DIR / f"{slot_prefix(run_root, node)}{tag}{i}" for i in range(SNAPSHOT_SLOTS)]
 
 
 def snapshot_slot_ranks(run_root: Path, node: Optional[int] = None) -> list[int]:
     """The ranks that have any slot of this run dir (and node) in SHM_DIR, ascending."""
-    prefix = _slot_prefix(run_root, node)
+    prefix = slot_prefix(run_root, node)
     ranks = set()
     try:
         names = os.listdir(SHM_DIR)
@@ -234,7 +236,8 @@ def remove_slot(path: Path) -> None:
 def free_slots(run_root: Path, node: Optional[int] = None) -> None:
     """Remove this run's slots, every rank's (only ones this user owns; a foreign one is not ours to touch)."""
     ranks = set(snapshot_slot_ranks(run_root, node)) | {0}
-    for path in (p for r in sorted(ranks) for p in snapshot_slot_paths(run_root, node, r)):
+    owners = [SHM_DIR / f"{slot_prefix(run_root, node)}{f'r{r}-' if r else ''}{OWNER_NAME}" for r in sorted(ranks)]
+    for path in [p for r in sorted(ranks) for p in snapshot_slot_paths(run_root, node, r)] + owners:
         try:
             st = os.lstat(path)
         except OSError:
