@@ -41,6 +41,7 @@ class Mirror:
         self._keys: dict[str, tuple[str, str]] = {}      # path -> key of what was handed over for it
         self._newest: Optional[CheckpointInfo] = None
         self._failing = False
+        self._closed = False
         self.failures = 0
 
     def check(self) -> None:
@@ -67,7 +68,7 @@ class Mirror:
         self._uploader.start()
 
     def poll(self, force: bool = False) -> None:
-        if self._uploader is None:
+        if self._uploader is None or self._closed:
             return
         now = time.monotonic()
         if force or now - self._last_poll >= POLL_EVERY:
@@ -87,12 +88,12 @@ class Mirror:
         return {"mirror_lag_s": lag, "mirror_failures": self.failures}
 
     def close(self, timeout: float) -> None:
-        if self._uploader is None:
+        if self._uploader is None or self._closed:
             return
         self.poll(force=True)
         self._uploader.close(timeout)
         self._drain()
-        self._uploader = None
+        self._closed = True   # metrics() still reports, for the supervisor's last metrics file
 
     # --- internals ---------------------------------------------------------------------------
 

@@ -70,6 +70,9 @@ def test_new_node_resumes_from_the_remote_bit_exact(tmp_path, s3_server, bucket,
     starts = events(rd, Event.ATTEMPT_STARTED)
     assert starts[0]["resume_from"] == str(RunDir(rd).checkpoint(15))
     assert_equal_state(weights(out), reference(tmp_path), "new node's final weights vs the uninterrupted run")
+    metrics = (rd / "metrics.prom").read_text()   # written last, after the final upload
+    assert 'resilient_run_mirror_lag_seconds{run="node-2"} 0.0' in metrics
+    assert 'resilient_run_mirror_failures_total{run="node-2"} 0' in metrics
     # `checkpoints` lists the remote ones beside the local ones; `status` names the newest mirrored one.
     for k, v in s3_server.env().items():
         monkeypatch.setenv(k, v)
