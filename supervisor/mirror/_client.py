@@ -142,6 +142,17 @@ class S3:
         self._call(f"commit {self.url.url(*rel)}", self._c.put_object, Bucket=self.url.bucket, Key=key, Body=data)
         return True
 
+    def abort_unfinished_uploads(self) -> int:
+        """Abort the multipart uploads a killed uploader left under the prefix (their parts are
+        invisible to listings but stored, and billed, until aborted); the number aborted."""
+        resp = self._call(f"list uploads {self.url.url()}", self._c.list_multipart_uploads, Bucket=self.url.bucket,
+                          Prefix=self.url.prefix)
+        uploads = resp.get("Uploads", [])
+        for up in uploads:
+            self._call(f"abort upload {up['Key']}", self._c.abort_multipart_upload, Bucket=self.url.bucket,
+                       Key=up["Key"], UploadId=up["UploadId"])
+        return len(uploads)
+
     def delete(self, rels: list[tuple[str, ...]]) -> None:
         for rel in rels:
             self._call(f"delete {self.url.url(*rel)}", self._c.delete_object, Bucket=self.url.bucket,

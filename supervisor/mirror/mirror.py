@@ -54,6 +54,10 @@ class Mirror:
             return
         local = self._local_newest()
         try:
+            # Under the run dir's lock, before our own uploads: one run per prefix, so what is
+            # unfinished there was left by a dead uploader.
+            if self._s3.abort_unfinished_uploads():
+                say(f"mirror: aborted the unfinished uploads a previous supervisor left in {self._s3.url.url()}")
             got = restore_newest(self._s3, self.rd.checkpoints, local.step if local else None, self._skip)
         except MirrorError as e:   # the store went away since check(): train from what is here
             say(f"mirror: cannot look for a newer remote checkpoint: {e}")

@@ -142,6 +142,7 @@ def test_supervisor_killed_mid_upload_leaves_nothing_that_is_chosen(tmp_path, s3
     r = run_cli("--run-dir", str(rd2), "--mirror", mirror, *QUICK_JOB, env=sup_env(**s3_server.env()))
     assert r.returncode == 0, r.stderr[-3000:]
     assert events(rd2, Event.ATTEMPT_STARTED)[0]["resume_from"] == str(RunDir(rd2).checkpoint(1))
+    assert not c.list_multipart_uploads(Bucket=bucket).get("Uploads"), "the dead uploader's parts are still stored"
     assert any(checkpoint_name(2) in e["path"] and "no MANIFEST.json" in e["reason"]
                for e in events(rd2, Event.CHECKPOINT_REJECTED))
 
