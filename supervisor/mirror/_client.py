@@ -22,7 +22,6 @@ from ..errors import ConfigError, SupervisorError
 __all__ = ["MirrorUrl", "MirrorError", "S3", "PART_SIZE"]
 
 PART_SIZE = 16 << 20       # multipart above this; 10,000 parts cap a member at 160 GiB
-_READ_CHUNK = 8 << 20
 
 
 class MirrorError(SupervisorError):
@@ -74,6 +73,21 @@ class _HashingReader(io.RawIOBase):
         self.hasher.update(data)
         self.n += len(data)
         return data
+
+
+class _HashingWriter(io.RawIOBase):
+    """The download's target: writes in arrival order, hashing them (not seekable, so s3transfer
+    delivers the parts of a multipart download in order)."""
+
+    def __init__(self, f: BinaryIO) -> None:
+        self._f, self.hasher = f, new_hasher()
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        self.hasher.update(data)
+        return self._f.write(data)
 
 
 class S3:
@@ -174,15 +188,15 @@ class S3:
         return self._call(f"get {self.url.url(*rel)}", resp["Body"].read)
 
     def download(self, rel: tuple[str, ...], dst: Path) -> str:
-        """Download one object to a new file, fsynced; returns the xxh3-128 of what was written."""
-        self._call(f"download {self.url.url(*rel)}", self._c.download_file, Bucket=self.url.bucket,
-                   Key=self.url.key(*rel), Filename=str(dst), Config=self._transfer)
-        h = new_hasher()
-        with open(dst, "rb", buffering=0) as f:
-            while chunk := f.read(_READ_CHUNK):
-                h.update(chunk)
+        """Download one object to a new file, fsynced; returns the xxh3-128 of what was written, hashed
+        on the way in (s3transfer hands a non-seekable target its parts in order): no second read."""
+        with open(dst, "xb") as f:
+            writer = _HashingWriter(f)
+            self._call(f"download {self.url.url(*rel)}", self._c.download_fileobj, Bucket=self.url.bucket,
+                       Key=self.url.key(*rel), Fileobj=writer, Config=self._transfer)
+            f.flush()
             os.fsync(f.fileno())
-        return h.hexdigest()
+        return writer.hasher.hexdigest()
 
     def listing(self) -> dict[str, dict[str, int]]:
         """{checkpoint name: {member path: size}} of everything under the prefix."""
