@@ -8,7 +8,6 @@ Every failure leaves here as MirrorError with one line; no botocore type escapes
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import os
 from collections.abc import Callable, Iterator
@@ -18,6 +17,7 @@ from typing import Any, BinaryIO, Optional
 from trainer_shim.rundir import new_hasher
 
 from ..errors import ConfigError, SupervisorError
+from .url import MirrorUrl
 
 __all__ = ["MirrorUrl", "MirrorError", "S3", "PART_SIZE"]
 
@@ -26,26 +26,6 @@ PART_SIZE = 16 << 20       # multipart above this; 10,000 parts cap a member at 
 
 class MirrorError(SupervisorError):
     """Object storage refused or failed an operation (one line: what, where, why)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class MirrorUrl:
-    bucket: str
-    prefix: str   # '' or ending in '/'
-
-    @classmethod
-    def parse(cls, url: str) -> "MirrorUrl":
-        if not url.startswith("s3://") or not url[5:].split("/", 1)[0]:
-            raise ConfigError(f"mirror: {url!r} is not an object storage URL; use s3://BUCKET/PREFIX")
-        bucket, _, prefix = url[5:].partition("/")
-        prefix = prefix.strip("/")
-        return cls(bucket, prefix + "/" if prefix else "")
-
-    def key(self, *parts: str) -> str:
-        return self.prefix + "/".join(parts)
-
-    def url(self, *parts: str) -> str:
-        return f"s3://{self.bucket}/{self.key(*parts)}"
 
 
 def _client_error(e: Exception) -> tuple[str, int]:

@@ -19,7 +19,8 @@ from trainer_shim.rundir import (
 )
 
 from ..messages import say
-from ._client import S3, MirrorError, MirrorUrl
+from ._client import S3, MirrorError
+from .url import MirrorUrl
 from .remote import restore_newest
 from .uploader import UploadFailed, Uploaded, Uploader
 
