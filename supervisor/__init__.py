@@ -14,7 +14,7 @@ Where things live (one room per idea; each room's __init__ maps its modules):
     insight/      what the run tells the world: records, status, reports, metrics
                     doctor, export, journal, metrics, notify, progress, render, report, status
     mirror/       checkpoints on S3-compatible object storage (--mirror; boto3 only when used)
-                    mirror, remote, uploader, _client
+                    mirror, remote, uploader, url, _client
     agent         Supervisor: one loop, signal handlers that only queue, handle_<sig>
     cli           typer: parse and render only
     cli_insight   the `doctor` and `report` commands

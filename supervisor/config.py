@@ -173,7 +173,7 @@ def _preload_field(key: str, value: Any) -> dict[str, Any]:
 
 
 def _mirror_field(key: str, value: Any) -> dict[str, Any]:
-    from .mirror._client import MirrorUrl   # the URL only: no S3 client is imported here
+    from .mirror.url import MirrorUrl   # the URL only: no S3 client is imported here
 
     MirrorUrl.parse(str(value))
     return {key: str(value)}

@@ -20,7 +20,7 @@ from trainer_shim.rundir import (
 from ..process import procs
 from ..decisions.classify import Kind
 from ..config import DEFAULTS, Config
-from ..errors import RunDirError
+from ..errors import RunDirError, SupervisorError
 from ..process.heartbeat import allowance
 from ..messages import say
 from .progress import Progress, progress_of
@@ -287,11 +287,11 @@ def _remote_rows(rd: RunDir) -> list[CheckpointRow]:
     url = state.config.get("mirror") if state is not None and isinstance(state.config, dict) else None
     if not url:
         return []
-    from ..mirror.remote import MirrorError, survey   # boto3 (the s3 extra) only for a mirrored run
+    from ..mirror.remote import survey   # boto3 (the s3 extra) only for a mirrored run
 
     try:
         found, skipped = survey(str(url))
-    except MirrorError as e:
+    except SupervisorError as e:   # the store unreachable, or the s3 extra not installed here
         say(f"mirror {url}: cannot list it: {e}")
         return []
     rows = [CheckpointRow(name=rc.name, path=str(url).rstrip("/") + "/" + rc.name, step=rc.step, epoch=rc.manifest.epoch,

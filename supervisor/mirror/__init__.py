@@ -6,5 +6,6 @@ is configured, so the supervisor stays small without it.
     mirror     Mirror: what the supervisor's loop calls (check, restore, poll, metrics, close)
     uploader   the background upload thread: one in flight, newest wins, retries; remote rotation
     remote     remote checkpoints: committed ones (manifest last), verified download and restore
+    url        MirrorUrl: s3://BUCKET/PREFIX parsed (what the config checks)
     _client    the S3 operations (boto3), every failure as a one-line MirrorError
 """

@@ -8,7 +8,6 @@ Every failure leaves here as MirrorError with one line; no botocore type escapes
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import os
 from collections.abc import Callable, Iterator
@@ -18,35 +17,15 @@ from typing import Any, BinaryIO, Optional
 from trainer_shim.rundir import new_hasher
 
 from ..errors import ConfigError, SupervisorError
+from .url import MirrorUrl
 
 __all__ = ["MirrorUrl", "MirrorError", "S3", "PART_SIZE"]
 
 PART_SIZE = 16 << 20       # multipart above this; 10,000 parts cap a member at 160 GiB
-_READ_CHUNK = 8 << 20
 
 
 class MirrorError(SupervisorError):
     """Object storage refused or failed an operation (one line: what, where, why)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class MirrorUrl:
-    bucket: str
-    prefix: str   # '' or ending in '/'
-
-    @classmethod
-    def parse(cls, url: str) -> "MirrorUrl":
-        if not url.startswith("s3://") or not url[5:].split("/", 1)[0]:
-            raise ConfigError(f"mirror: {url!r} is not an object storage URL; use s3://BUCKET/PREFIX")
-        bucket, _, prefix = url[5:].partition("/")
-        prefix = prefix.strip("/")
-        return cls(bucket, prefix + "/" if prefix else "")
-
-    def key(self, *parts: str) -> str:
-        return self.prefix + "/".join(parts)
-
-    def url(self, *parts: str) -> str:
-        return f"s3://{self.bucket}/{self.key(*parts)}"
 
 
 def _client_error(e: Exception) -> tuple[str, int]:
@@ -74,6 +53,21 @@ class _HashingReader(io.RawIOBase):
         self.hasher.update(data)
         self.n += len(data)
         return data
+
+
+class _HashingWriter(io.RawIOBase):
+    """The download's target: writes in arrival order, hashing them (not seekable, so s3transfer
+    delivers the parts of a multipart download in order)."""
+
+    def __init__(self, f: BinaryIO) -> None:
+        self._f, self.hasher = f, new_hasher()
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        self.hasher.update(data)
+        return self._f.write(data)
 
 
 class S3:
@@ -142,6 +136,17 @@ class S3:
         self._call(f"commit {self.url.url(*rel)}", self._c.put_object, Bucket=self.url.bucket, Key=key, Body=data)
         return True
 
+    def abort_unfinished_uploads(self) -> int:
+        """Abort the multipart uploads a killed uploader left under the prefix (their parts are
+        invisible to listings but stored, and billed, until aborted); the number aborted."""
+        resp = self._call(f"list uploads {self.url.url()}", self._c.list_multipart_uploads, Bucket=self.url.bucket,
+                          Prefix=self.url.prefix)
+        uploads = resp.get("Uploads", [])
+        for up in uploads:
+            self._call(f"abort upload {up['Key']}", self._c.abort_multipart_upload, Bucket=self.url.bucket,
+                       Key=up["Key"], UploadId=up["UploadId"])
+        return len(uploads)
+
     def delete(self, rels: list[tuple[str, ...]]) -> None:
         for rel in rels:
             self._call(f"delete {self.url.url(*rel)}", self._c.delete_object, Bucket=self.url.bucket,
@@ -163,15 +168,15 @@ class S3:
         return self._call(f"get {self.url.url(*rel)}", resp["Body"].read)
 
     def download(self, rel: tuple[str, ...], dst: Path) -> str:
-        """Download one object to a new file, fsynced; returns the xxh3-128 of what was written."""
-        self._call(f"download {self.url.url(*rel)}", self._c.download_file, Bucket=self.url.bucket,
-                   Key=self.url.key(*rel), Filename=str(dst), Config=self._transfer)
-        h = new_hasher()
-        with open(dst, "rb", buffering=0) as f:
-            while chunk := f.read(_READ_CHUNK):
-                h.update(chunk)
+        """Download one object to a new file, fsynced; returns the xxh3-128 of what was written, hashed
+        on the way in (s3transfer hands a non-seekable target its parts in order): no second read."""
+        with open(dst, "xb") as f:
+            writer = _HashingWriter(f)
+            self._call(f"download {self.url.url(*rel)}", self._c.download_fileobj, Bucket=self.url.bucket,
+                       Key=self.url.key(*rel), Fileobj=writer, Config=self._transfer)
+            f.flush()
             os.fsync(f.fileno())
-        return h.hexdigest()
+        return writer.hasher.hexdigest()
 
     def listing(self) -> dict[str, dict[str, int]]:
         """{checkpoint name: {member path: size}} of everything under the prefix."""

@@ -19,7 +19,8 @@ from trainer_shim.rundir import (
 )
 
 from ..messages import say
-from ._client import S3, MirrorError, MirrorUrl
+from ._client import S3, MirrorError
+from .url import MirrorUrl
 from .remote import restore_newest
 from .uploader import UploadFailed, Uploaded, Uploader
 
@@ -41,6 +42,7 @@ class Mirror:
         self._keys: dict[str, tuple[str, str]] = {}      # path -> key of what was handed over for it
         self._newest: Optional[CheckpointInfo] = None
         self._failing = False
+        self._closed = False
         self.failures = 0
 
     def check(self) -> None:
@@ -53,6 +55,10 @@ class Mirror:
             return
         local = self._local_newest()
         try:
+            # Under the run dir's lock, before our own uploads: one run per prefix, so what is
+            # unfinished there was left by a dead uploader.
+            if self._s3.abort_unfinished_uploads():
+                say(f"mirror: aborted the unfinished uploads a previous supervisor left in {self._s3.url.url()}")
             got = restore_newest(self._s3, self.rd.checkpoints, local.step if local else None, self._skip)
         except MirrorError as e:   # the store went away since check(): train from what is here
             say(f"mirror: cannot look for a newer remote checkpoint: {e}")
@@ -67,7 +73,7 @@ class Mirror:
         self._uploader.start()
 
     def poll(self, force: bool = False) -> None:
-        if self._uploader is None:
+        if self._uploader is None or self._closed:
             return
         now = time.monotonic()
         if force or now - self._last_poll >= POLL_EVERY:
@@ -87,12 +93,12 @@ class Mirror:
         return {"mirror_lag_s": lag, "mirror_failures": self.failures}
 
     def close(self, timeout: float) -> None:
-        if self._uploader is None:
+        if self._uploader is None or self._closed:
             return
         self.poll(force=True)
         self._uploader.close(timeout)
         self._drain()
-        self._uploader = None
+        self._closed = True   # metrics() still reports, for the supervisor's last metrics file
 
     # --- internals ---------------------------------------------------------------------------
 

@@ -113,7 +113,7 @@ def fetch(url: str, into: Path, on_skip: Optional[OnSkip] = None) -> Path:
     """A remote checkpoint downloaded verified under `into`: `url` names one checkpoint
     (s3://BUCKET/PREFIX/step-N) or a mirror prefix (its newest committed checkpoint that verifies).
     MirrorError (one line) when there is none."""
-    from ._client import MirrorUrl
+    from .url import MirrorUrl
 
     parsed = MirrorUrl.parse(url)
     parent, _, last = parsed.prefix.rstrip("/").rpartition("/")
@@ -133,7 +133,7 @@ def fetch(url: str, into: Path, on_skip: Optional[OnSkip] = None) -> Path:
 def survey(url: str) -> tuple[list[RemoteCheckpoint], list[tuple[str, str]]]:
     """For listings: the committed checkpoints under a mirror URL, newest first, and (url, reason) of
     the names that do not count. MirrorError (one line) when the store cannot be read."""
-    from ._client import MirrorUrl
+    from .url import MirrorUrl
 
     skipped: list[tuple[str, str]] = []
     found = list_remote(S3(MirrorUrl.parse(url)), lambda u, why: skipped.append((u, why)))

@@ -70,6 +70,9 @@ def test_new_node_resumes_from_the_remote_bit_exact(tmp_path, s3_server, bucket,
     starts = events(rd, Event.ATTEMPT_STARTED)
     assert starts[0]["resume_from"] == str(RunDir(rd).checkpoint(15))
     assert_equal_state(weights(out), reference(tmp_path), "new node's final weights vs the uninterrupted run")
+    metrics = (rd / "metrics.prom").read_text()   # written last, after the final upload
+    assert 'resilient_run_mirror_lag_seconds{run="node-2"} 0.0' in metrics
+    assert 'resilient_run_mirror_failures_total{run="node-2"} 0' in metrics
     # `checkpoints` lists the remote ones beside the local ones; `status` names the newest mirrored one.
     for k, v in s3_server.env().items():
         monkeypatch.setenv(k, v)
@@ -139,6 +142,7 @@ def test_supervisor_killed_mid_upload_leaves_nothing_that_is_chosen(tmp_path, s3
     r = run_cli("--run-dir", str(rd2), "--mirror", mirror, *QUICK_JOB, env=sup_env(**s3_server.env()))
     assert r.returncode == 0, r.stderr[-3000:]
     assert events(rd2, Event.ATTEMPT_STARTED)[0]["resume_from"] == str(RunDir(rd2).checkpoint(1))
+    assert not c.list_multipart_uploads(Bucket=bucket).get("Uploads"), "the dead uploader's parts are still stored"
     assert any(checkpoint_name(2) in e["path"] and "no MANIFEST.json" in e["reason"]
                for e in events(rd2, Event.CHECKPOINT_REJECTED))
 
