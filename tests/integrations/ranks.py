@@ -23,11 +23,11 @@ def _job_args(job: Path, run: Path, out: Path) -> list[str]:
     return [str(job), *extra, "--out", str(out)]
 
 
-def start_run(job: Path, d: Path, faults: str) -> tuple[subprocess.Popen, Path, Path]:
+def start_run(job: Path, d: Path, faults: str, *extra: str) -> tuple[subprocess.Popen, Path, Path]:
     """`resilient-run --nproc-per-node 2 job` in d/run (weights: d/weights.pt) with RRTEST_FAULTS=faults."""
     d.mkdir(parents=True)
     run, out = d / "run", d / "weights.pt"
-    p = start_cli("run", "--run-dir", str(run), *FAST, *_job_args(job, run, out), env=sup_env(RRTEST_FAULTS=faults),
+    p = start_cli("run", "--run-dir", str(run), *FAST, *extra, *_job_args(job, run, out), env=sup_env(RRTEST_FAULTS=faults),
                   cwd=d)
     return p, run, out
 
@@ -41,11 +41,14 @@ def finish(p: subprocess.Popen, timeout: float = 300) -> str:
     return err
 
 
-def two_rank_campaign(job: Path, tmp: Path, faults: str, kinds: list[str]) -> Path:
+def two_rank_campaign(job: Path, tmp: Path, faults: str, kinds: list[str], heartbeat_timeout: float = 5) -> Path:
     """The faulted 2-rank run and the uninterrupted one side by side; asserts the attempts ended as
-    `kinds`, every rank heartbeat, and the final weights equal; returns the faulted run's dir."""
+    `kinds`, every rank heartbeat, and the final weights equal; returns the faulted run's dir.
+
+    After a kill -9 of one rank the survivor is silent until torchrun has ended it, which took over
+    4 s with 4 ranks on 2 busy cores: a campaign without a hang gives it a longer heartbeat timeout."""
     base, _, base_out = start_run(job, tmp / "baseline", "")
-    p, run, out = start_run(job, tmp / "faulted", faults)
+    p, run, out = start_run(job, tmp / "faulted", faults, "--heartbeat-timeout", f"{heartbeat_timeout:g}")
     err = finish(p)
     base_err = finish(base)
     assert base.returncode == 0, base_err[-3000:]

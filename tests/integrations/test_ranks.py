@@ -17,7 +17,7 @@ from tests.integrations.test_integrations import _needs
 @_needs("transformers")
 def test_hf_trainer_two_ranks_kill9_of_rank_1_restarts_the_group_exact(tmp_path: Path) -> None:
     # 18 steps on 2 ranks (save every 5): rank 1 dies after step 12, both restart from checkpoint-10.
-    run = two_rank_campaign(HF_JOB, tmp_path, "1:kill@12/1", ["signal", "success"])
+    run = two_rank_campaign(HF_JOB, tmp_path, "1:kill@12/1", ["signal", "success"], heartbeat_timeout=20)
     ckpts = sorted(run.glob("checkpoint-*"))
     assert ckpts, list(run.iterdir())
     for c in ckpts:  # every rank's RNG state is inside the commit, not written after it

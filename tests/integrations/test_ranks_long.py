@@ -37,7 +37,8 @@ def test_hf_trainer_two_ranks_hang_of_rank_1_is_a_hang_restarted_exact(tmp_path:
 def test_lightning_ddp_two_ranks_kill9_then_hang_of_rank_1_restarted_exact(tmp_path: Path) -> None:
     # 24 steps on 2 ranks (8 a rank per epoch, save every 5): rank 1 dies after step 12 (mid-epoch resume
     # from step 10, through the distributed sampler), then blocks in the forward of step 18 (resume from 15).
-    run = two_rank_campaign(PL_JOB, tmp_path, "1:kill@12/1,2:hang@17/1", ["signal", "hang", "success"])
+    run = two_rank_campaign(PL_JOB, tmp_path, "1:kill@12/1,2:hang@17/1", ["signal", "hang", "success"],
+                             heartbeat_timeout=12)  # the kill's survivor must not look hung (see two_rank_campaign)
     _hang_named_a_rank(run, 2)
     ckpts = sorted(p for p in (run / "checkpoints").iterdir() if p.name.startswith("step-"))
     assert ckpts and all(committed_files(c) for c in ckpts), ckpts
@@ -50,8 +51,9 @@ def test_hf_trainer_two_ranks_stop_saves_every_rank_at_one_step_and_rerun_is_exa
     # own SIGTERM later: the stop is agreed at step 7's end, so both save there and exit 75.
     base = start_run(HF_JOB, tmp_path / "baseline", "")
     run, out = tmp_path / "run", tmp_path / "weights.pt"
-    cli = ["run", "--run-dir", str(run), *FAST, "--grace-period", "30", str(HF_JOB), "--output_dir", str(run),
-           "--out", str(out)]
+    # rank 1 waits silently in the all-reduce while rank 0 holds its pause: a longer heartbeat timeout
+    cli = ["run", "--run-dir", str(run), *FAST, "--grace-period", "30", "--heartbeat-timeout", "20", str(HF_JOB),
+           "--output_dir", str(run), "--out", str(out)]
     p = start_cli(*cli, env=sup_env(RRTEST_FAULTS="1:pause@6/0"), cwd=tmp_path)
     try:
         wait_until(lambda: (heartbeat(run) or {}).get("step") == 6, timeout=120, what="rank 0 at step 6")
