@@ -112,6 +112,9 @@ class _Resilient:
 
     # --- per step ------------------------------------------------------------------------------
 
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        _finish_skipped_epoch_start(trainer)
+
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         s = self.session
         if s is None:
@@ -176,6 +179,29 @@ class _Resilient:
         self._saved_step = step
         s.hb.end_save(checkpoint_step=step)
         return final
+
+
+def _finish_skipped_epoch_start(trainer: Any) -> None:
+    """Do the epoch-start bookkeeping Lightning skipped after resuming from an epoch's last batch.
+
+    A checkpoint written at the end of an epoch's last batch resumes as "restarted mid-epoch": Lightning
+    closes that epoch at once and goes on to the next, but (2.x) still skips the next epoch's start: its
+    `epoch_progress` is never marked ready/started and `on_train_epoch_start` is not called. Every
+    checkpoint the resumed attempt then writes in that epoch says "epoch not started", so an attempt
+    resuming from one of them replays the epoch from its first batch on top of the restored weights.
+    While a batch trains, an uninterrupted run always has started == processed + 1: restore that.
+    """
+    progress = getattr(getattr(trainer, "fit_loop", None), "epoch_progress", None)
+    if progress is None or progress.current.started != progress.current.processed:
+        return
+    progress.increment_ready()
+    try:  # the hooks the uninterrupted run called here (Lightning's own dispatch, so every callback sees them)
+        from lightning.pytorch.trainer import call
+    except ImportError:  # pragma: no cover - pytorch_lightning only
+        from pytorch_lightning.trainer import call  # type: ignore[no-redef]
+    call._call_callback_hooks(trainer, "on_train_epoch_start")
+    call._call_lightning_module_hook(trainer, "on_train_epoch_start")
+    progress.increment_started()
 
 
 def _loss(outputs: Any) -> Optional[float]:
