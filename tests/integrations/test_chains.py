@@ -68,3 +68,15 @@ def test_lightning_transformer_chain_across_an_epoch_end_is_bit_exact(tmp_path: 
 def test_lightning_chain_of_three_kills_is_bit_exact(tmp_path: Path) -> None:
     """Mid-epoch resume written by a resumed attempt, then across the next epoch end, then mid-epoch again."""
     _chain(tmp_path, [str(HERE / "lightning_chain_job.py")], "1:kill@13,2:kill@19,3:kill@23", [12, 18, 21])
+
+
+def _hf_args(run: Path) -> list[str]:
+    return ["--output_dir", str(run)]
+
+
+@_needs("transformers")
+def test_hf_trainer_chain_across_an_epoch_end_with_evaluation_is_bit_exact(tmp_path: Path) -> None:
+    """HF Trainer, 12 steps an epoch, evaluated at every epoch end, a save every 4 steps: resume at the
+    epoch end (12), then mid-epoch from 16 (written by the attempt that resumed at 12). The Trainer's
+    checkpoint-12 holds the RNG from before the epoch-end evaluation, which drew from it."""
+    _chain(tmp_path, [str(HERE / "hf_chain_job.py")], "1:kill@13,2:kill@17", [12, 16], _hf_args)

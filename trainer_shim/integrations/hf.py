@@ -56,6 +56,7 @@ class ResilientCallback(TrainerCallback):
         self._loss: Optional[float] = None
         self._doctor: Optional[FrameworkDoctor] = None
         self._save_t0: Optional[float] = None   # the step end before the Trainer's save (its stall starts)
+        self._at_epoch_end: Optional[tuple] = None  # a save at an epoch's last step, committed at the next epoch
         self._born = time.time()  # before the Trainer (built after its callbacks) creates output_dir
 
     # --- setup and resume ----------------------------------------------------------------------
@@ -106,6 +107,7 @@ class ResilientCallback(TrainerCallback):
         s.beat(state.global_step, int(state.epoch or 0), Phase.STARTING.value)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._commit_epoch_end_save(args, state)
         args.save_total_limit = self._limit
         if self.session is not None:
             self.session.finish()
@@ -126,6 +128,9 @@ class ResilientCallback(TrainerCallback):
                                                          "scheduler": kwargs.get("lr_scheduler")}, epoch=state.epoch):
             control.should_training_stop = True
         self._save_t0 = time.monotonic() if control.should_save else None
+
+    def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._commit_epoch_end_save(args, state)
 
     def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.session is not None:
@@ -161,10 +166,34 @@ class ResilientCallback(TrainerCallback):
         if not path.is_dir():
             say(f"warning: the Trainer reported a save but {path} does not exist")
             return
+        took = time.monotonic() - self._save_t0 if self._save_t0 is not None else None  # the Trainer's save
+        if (not self._stopping and float(state.epoch or 0).is_integer()
+                and state.global_step < (state.max_steps or 0)):
+            # Saved at an epoch's last step, before that epoch's evaluation. A resume starts the next
+            # epoch from the checkpoint's RNG state without evaluating again, while the uninterrupted
+            # run goes on from the state the evaluation left (its loader drew a seed): the next epoch's
+            # shuffle and dropout would differ. Committed when that epoch begins, with the RNG of then.
+            self._at_epoch_end = (path, took)
+            s.beat(state.global_step, int(state.epoch or 0), Phase.TRAINING.value)
+            return
+        self._commit(path, state, took)
+
+    def _commit_epoch_end_save(self, args: Any, state: Any) -> None:
+        if self._at_epoch_end is None:
+            return
+        (path, took), self._at_epoch_end = self._at_epoch_end, None
+        if path.is_dir():
+            _refresh_rng_state(path, args)
+            self._commit(path, state, took)
+
+    def _commit(self, path: Path, state: Any, took: Optional[float]) -> None:
+        s = self.session
+        assert s is not None
         kind = CheckpointKind.PREEMPT if self._stopping else CheckpointKind.STEP
+        step = int(path.name.rsplit("-", 1)[-1])
         try:
             # The Trainer named the dir already: committed in place (its manifest by temp file and rename).
-            manifest = Manifest.create(rundir.commit.hash_tree(path), step=state.global_step,
+            manifest = Manifest.create(rundir.commit.hash_tree(path), step=step,
                                        epoch=int(state.epoch or 0), batch_in_epoch=0, kind=kind, loss=self._loss)
             rundir.commit.commit_in_place(path, manifest.to_bytes())
         except OSError as e:
@@ -172,8 +201,28 @@ class ResilientCallback(TrainerCallback):
         else:
             best = state.best_model_checkpoint
             # The stall: the Trainer's save and our manifest.
-            took = time.monotonic() - self._save_t0 if self._save_t0 is not None else None
             s.committed(path, manifest, self._roots(), protect=[Path(best)] if best else [], seconds=took)
         if self._stopping:
             s.exit_preempted()
         s.beat(state.global_step, int(state.epoch or 0), Phase.TRAINING.value)
+
+
+def _refresh_rng_state(path: Path, args: Any) -> None:
+    """Overwrite the RNG states in the Trainer's rng_state file with the current ones (same keys, same types)."""
+    import random
+
+    import numpy as np
+    import torch
+
+    name = f"rng_state_{args.process_index}.pth" if args.world_size > 1 else "rng_state.pth"
+    f = path / name
+    if not f.is_file():
+        return
+    states = torch.load(f, weights_only=False)
+    states.update(python=random.getstate(), numpy=np.random.get_state(), cpu=torch.random.get_rng_state())
+    if "cuda" in states:
+        states["cuda"] = (torch.cuda.random.get_rng_state_all() if isinstance(states["cuda"], (list, tuple))
+                          else torch.cuda.random.get_rng_state())
+    tmp = f.with_name(f.name + ".tmp")
+    torch.save(states, tmp)
+    os.replace(tmp, f)
