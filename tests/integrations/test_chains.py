@@ -19,14 +19,18 @@ import pytest
 from tests.conftest import PYTHON
 from tests.integrations.test_integrations import _needs
 from tests.supervisor.helpers import run_cli, sup_env
-from tests.support import assert_equal_state, ended_kinds, events, weights
+from tests.support import TOY, assert_equal_state, ended_kinds, events, weights
 from trainer_shim.rundir import Event
 
 HERE = Path(__file__).resolve().parent
+# The raw loop (tests/jobs/toy_train.py): 12 steps an epoch, a save every 4, a shuffled validation loader
+# (it draws from the global RNG) run at every epoch end, after the epoch's last save.
+RAW = [TOY, "--val", "--save-every", "4"]
 FAST = ("--backoff", "0", "--heartbeat-timeout", "30")
 
 
-def _chain(tmp_path: Path, job: list[str], faults: str, resumes: list[int], run_args=lambda run: []) -> None:
+def _chain(tmp_path: Path, job: list[str], faults: str, resumes: list[int], run_args=lambda run: [],
+           knob: str = "RRTEST_FAULTS") -> None:
     """Run `job` uninterrupted and, alongside, under `resilient-run` with `faults`; the attempts after
     the first must resume from the steps `resumes`, and the final weights must be bit-equal."""
     base_dir = tmp_path / "baseline"
@@ -38,7 +42,7 @@ def _chain(tmp_path: Path, job: list[str], faults: str, resumes: list[int], run_
     run, out = tmp_path / "run", tmp_path / "weights.pt"
     try:
         r = run_cli("run", "--run-dir", str(run), *FAST, *job, *run_args(run), "--out", str(out),
-                    env=sup_env(RRTEST_FAULTS=faults), cwd=tmp_path, timeout=300)
+                    env=sup_env(**{knob: faults}), cwd=tmp_path, timeout=300)
     finally:
         _, err = base.communicate(timeout=300)
     assert base.returncode == 0, err[-3000:]
@@ -80,3 +84,22 @@ def test_hf_trainer_chain_across_an_epoch_end_with_evaluation_is_bit_exact(tmp_p
     epoch end (12), then mid-epoch from 16 (written by the attempt that resumed at 12). The Trainer's
     checkpoint-12 holds the RNG from before the epoch-end evaluation, which drew from it."""
     _chain(tmp_path, [str(HERE / "hf_chain_job.py")], "1:kill@13,2:kill@17", [12, 16], _hf_args)
+
+
+def test_raw_loop_chain_across_an_epoch_end_with_validation_is_bit_exact(tmp_path: Path) -> None:
+    """The Run API: resume at the epoch end (12), then mid-epoch from 16 (written by the resumed attempt)."""
+    _chain(tmp_path, RAW, "1:kill@13,2:kill@17", [12, 16], knob="TOY_FAULTS")
+
+
+@pytest.mark.long
+def test_raw_loop_chain_of_three_kills_is_bit_exact(tmp_path: Path) -> None:
+    """Mid-epoch, then at the next epoch end, then mid-epoch again: each resume from a resumed attempt's save."""
+    _chain(tmp_path, RAW, "1:kill@17,2:kill@25,3:kill@29", [16, 24, 28], knob="TOY_FAULTS")
+
+
+@pytest.mark.long
+@_needs("transformers")
+def test_hf_trainer_chain_of_three_kills_is_bit_exact(tmp_path: Path) -> None:
+    """Mid-epoch, then across the epoch end (24 is the last step of epoch 2), then mid-epoch in epoch 3."""
+    _chain(tmp_path, [str(HERE / "hf_chain_job.py"), "--epochs", "3"], "1:kill@17,2:kill@25,3:kill@29",
+           [16, 24, 28], _hf_args)
