@@ -11,6 +11,7 @@ Kill points are the jobs' own (RRTEST_FAULTS, tests/integrations/faults.py), nev
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -19,7 +20,7 @@ import pytest
 from tests.conftest import PYTHON
 from tests.integrations.test_integrations import _needs
 from tests.supervisor.helpers import run_cli, sup_env
-from tests.support import TOY, assert_equal_state, ended_kinds, events, weights
+from tests.support import TOY, invoke_cli, assert_equal_state, ended_kinds, events, weights
 from trainer_shim.rundir import Event
 
 HERE = Path(__file__).resolve().parent
@@ -30,9 +31,10 @@ FAST = ("--backoff", "0", "--heartbeat-timeout", "30")
 
 
 def _chain(tmp_path: Path, job: list[str], faults: str, resumes: list[int], run_args=lambda run: [],
-           knob: str = "RRTEST_FAULTS") -> None:
+           knob: str = "RRTEST_FAULTS", total: int = 0) -> None:
     """Run `job` uninterrupted and, alongside, under `resilient-run` with `faults`; the attempts after
-    the first must resume from the steps `resumes`, and the final weights must be bit-equal."""
+    the first must resume from the steps `resumes`, and the final weights must be bit-equal. `status`
+    knows the run's length (`total` steps), so it can show progress and an ETA, for every front end."""
     base_dir = tmp_path / "baseline"
     base_dir.mkdir()
     base_out = base_dir / "weights.pt"
@@ -51,6 +53,8 @@ def _chain(tmp_path: Path, job: list[str], faults: str, resumes: list[int], run_
     starts = events(run, Event.ATTEMPT_STARTED)[1:]
     assert [_step(e["resume_from"]) for e in starts] == resumes, starts
     assert_equal_state(weights(out), weights(base_out), "final weights vs the uninterrupted run")
+    st = invoke_cli("status", str(run), "--json")
+    assert json.loads(st.stdout)["total_steps"] == total, st.stdout + st.stderr
 
 
 def _step(path: str) -> int:
@@ -64,14 +68,14 @@ def test_lightning_transformer_chain_across_an_epoch_end_is_bit_exact(tmp_path: 
     batches an epoch, a save every 3 steps: resume at the epoch end (9), then mid-epoch from 12 (written by
     the attempt that resumed at 9). Lightning alone replays epoch 2 from its first batch here (its resumed
     loop never marks that epoch started), and the loader's epoch RNG was taken before validation drew."""
-    _chain(tmp_path, [str(HERE / "lightning_chain_job.py")], "1:kill@10,2:kill@13", [9, 12])
+    _chain(tmp_path, [str(HERE / "lightning_chain_job.py")], "1:kill@10,2:kill@13", [9, 12], total=27)
 
 
 @pytest.mark.long
 @_needs("lightning")
 def test_lightning_chain_of_three_kills_is_bit_exact(tmp_path: Path) -> None:
     """Mid-epoch resume written by a resumed attempt, then across the next epoch end, then mid-epoch again."""
-    _chain(tmp_path, [str(HERE / "lightning_chain_job.py")], "1:kill@13,2:kill@19,3:kill@23", [12, 18, 21])
+    _chain(tmp_path, [str(HERE / "lightning_chain_job.py")], "1:kill@13,2:kill@19,3:kill@23", [12, 18, 21], total=27)
 
 
 def _hf_args(run: Path) -> list[str]:
@@ -83,18 +87,18 @@ def test_hf_trainer_chain_across_an_epoch_end_with_evaluation_is_bit_exact(tmp_p
     """HF Trainer, 12 steps an epoch, evaluated at every epoch end, a save every 4 steps: resume at the
     epoch end (12), then mid-epoch from 16 (written by the attempt that resumed at 12). The Trainer's
     checkpoint-12 holds the RNG from before the epoch-end evaluation, which drew from it."""
-    _chain(tmp_path, [str(HERE / "hf_chain_job.py")], "1:kill@13,2:kill@17", [12, 16], _hf_args)
+    _chain(tmp_path, [str(HERE / "hf_chain_job.py")], "1:kill@13,2:kill@17", [12, 16], _hf_args, total=24)
 
 
 def test_raw_loop_chain_across_an_epoch_end_with_validation_is_bit_exact(tmp_path: Path) -> None:
     """The Run API: resume at the epoch end (12), then mid-epoch from 16 (written by the resumed attempt)."""
-    _chain(tmp_path, RAW, "1:kill@13,2:kill@17", [12, 16], knob="TOY_FAULTS")
+    _chain(tmp_path, RAW, "1:kill@13,2:kill@17", [12, 16], knob="TOY_FAULTS", total=36)
 
 
 @pytest.mark.long
 def test_raw_loop_chain_of_three_kills_is_bit_exact(tmp_path: Path) -> None:
     """Mid-epoch, then at the next epoch end, then mid-epoch again: each resume from a resumed attempt's save."""
-    _chain(tmp_path, RAW, "1:kill@17,2:kill@25,3:kill@29", [16, 24, 28], knob="TOY_FAULTS")
+    _chain(tmp_path, RAW, "1:kill@17,2:kill@25,3:kill@29", [16, 24, 28], knob="TOY_FAULTS", total=36)
 
 
 @pytest.mark.long
@@ -102,4 +106,4 @@ def test_raw_loop_chain_of_three_kills_is_bit_exact(tmp_path: Path) -> None:
 def test_hf_trainer_chain_of_three_kills_is_bit_exact(tmp_path: Path) -> None:
     """Mid-epoch, then across the epoch end (24 is the last step of epoch 2), then mid-epoch in epoch 3."""
     _chain(tmp_path, [str(HERE / "hf_chain_job.py"), "--epochs", "3"], "1:kill@17,2:kill@25,3:kill@29",
-           [16, 24, 28], _hf_args)
+           [16, 24, 28], _hf_args, total=36)

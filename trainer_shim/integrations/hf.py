@@ -102,6 +102,7 @@ class ResilientCallback(TrainerCallback):
         self._limit = args.save_total_limit
         s.set_keep_last(self._limit if self._limit else _UNLIMITED)
         args.save_total_limit = None  # we rotate, after our manifest is committed
+        s.set_total_steps(state.max_steps)
         # The phase stays `starting` (startup timeout) until the first step ends: the Trainer may
         # still restore state and skip batches here.
         s.beat(state.global_step, int(state.epoch or 0), Phase.STARTING.value)

@@ -108,6 +108,7 @@ class _Resilient:
         # After Lightning's own SIGTERM handler (it would raise SystemExit(1) at the next batch,
         # before our save): SIGTERM now means "save at this step's end and exit 75".
         s.install_stop()
+        s.set_total_steps(trainer.estimated_stepping_batches)
         s.beat(trainer.global_step, trainer.current_epoch, Phase.STARTING.value)  # `training` from the first step on
 
     # --- per step ------------------------------------------------------------------------------
