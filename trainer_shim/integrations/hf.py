@@ -57,6 +57,8 @@ class ResilientCallback(TrainerCallback):
         self._doctor: Optional[FrameworkDoctor] = None
         self._save_t0: Optional[float] = None   # the step end before the Trainer's save (its stall starts)
         self._at_epoch_end: Optional[tuple] = None  # a save at an epoch's last step, committed at the next epoch
+        self._step_losses: list[float] = []  # doctor mode: this step's training forward losses
+        self._loss_hook: Any = None
         self._born = time.time()  # before the Trainer (built after its callbacks) creates output_dir
 
     # --- setup and resume ----------------------------------------------------------------------
@@ -103,6 +105,10 @@ class ResilientCallback(TrainerCallback):
         s.set_keep_last(self._limit if self._limit else _UNLIMITED)
         args.save_total_limit = None  # we rotate, after our manifest is committed
         s.set_total_steps(state.max_steps)
+        model = kwargs.get("model")
+        if self._doctor is not None and model is not None and self._loss_hook is None:
+            # The Trainer reports a loss only at logging steps (averaged): doctor compares every step's own.
+            self._loss_hook = model.register_forward_hook(self._record_loss)
         # The phase stays `starting` (startup timeout) until the first step ends: the Trainer may
         # still restore state and skip batches here.
         s.beat(state.global_step, int(state.epoch or 0), Phase.STARTING.value)
@@ -124,11 +130,18 @@ class ResilientCallback(TrainerCallback):
             control.should_save = True
             control.should_training_stop = True
         self._beat_for(control, state)
-        if self._doctor is not None and self._doctor.on_step(
-                state.global_step, kwargs.get("model"), {"optimizer": kwargs.get("optimizer"),
-                                                         "scheduler": kwargs.get("lr_scheduler")}, epoch=state.epoch):
-            control.should_training_stop = True
+        if self._doctor is not None:
+            loss, self._step_losses = (sum(self._step_losses) if self._step_losses else None), []
+            if self._doctor.on_step(state.global_step, kwargs.get("model"),
+                                    {"optimizer": kwargs.get("optimizer"), "scheduler": kwargs.get("lr_scheduler")},
+                                    loss=loss, epoch=state.epoch):
+                control.should_training_stop = True
         self._save_t0 = time.monotonic() if control.should_save else None
+
+    def _record_loss(self, module: Any, inputs: Any, output: Any) -> None:
+        loss = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", None)
+        if module.training and loss is not None and hasattr(loss, "detach"):
+            self._step_losses.append(float(loss.detach()))  # summed over the step's micro-batches
 
     def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._commit_epoch_end_save(args, state)
