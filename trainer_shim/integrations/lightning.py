@@ -196,10 +196,12 @@ def _finish_skipped_epoch_start(trainer: Any) -> None:
     if progress is None or progress.current.started != progress.current.processed:
         return
     progress.increment_ready()
-    try:  # the hooks the uninterrupted run called here (Lightning's own dispatch, so every callback sees them)
-        from lightning.pytorch.trainer import call
-    except ImportError:  # pragma: no cover - pytorch_lightning only
-        from pytorch_lightning.trainer import call  # type: ignore[no-redef]
+    # The hooks the uninterrupted run called here, through the trainer's own package's dispatch (so
+    # every callback sees them): `lightning` and `pytorch_lightning` may both be installed.
+    if type(trainer).__module__.startswith("pytorch_lightning"):
+        from pytorch_lightning.trainer import call
+    else:
+        from lightning.pytorch.trainer import call  # type: ignore[no-redef]
     call._call_callback_hooks(trainer, "on_train_epoch_start")
     call._call_lightning_module_hook(trainer, "on_train_epoch_start")
     progress.increment_started()
