@@ -29,6 +29,10 @@ LONG_TESTS = {
     "tests/distributed/test_ddp.py::test_a_full_primary_root_sends_every_ranks_save_to_the_fallback_dir",
     "tests/faults/test_memory_snapshots.py::test_a_half_written_or_untrusted_slot_is_never_used[loose_mode]",
     "tests/faults/test_slot_memory.py::test_stale_slots_of_a_deleted_run_are_freed_by_the_next_run",
+    # Three-kill chains across epoch ends (each front end's two-kill chain runs by default).
+    "tests/integrations/test_chains.py::test_raw_loop_chain_of_three_kills_is_bit_exact",
+    "tests/integrations/test_chains.py::test_hf_trainer_chain_of_three_kills_is_bit_exact",
+    "tests/integrations/test_chains.py::test_lightning_chain_of_three_kills_is_bit_exact",
 }
 LONG_MODULES = re.compile(r"^tests/.*(_long|/test_soak)\.py::")
 

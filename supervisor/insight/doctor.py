@@ -229,6 +229,29 @@ def _supervise(job: list[str], run_dir: Path, env: dict, log: Path, restarts: in
     return rc, time.monotonic() - t0
 
 
+# The flags by which HF-style command lines (the Trainer's own scripts, ms-swift, accelerate jobs) name
+# the dir they write into: some write files there (e.g. ms-swift's args.json) before a Trainer, and so
+# before our callback, exists.
+_OUTPUT_FLAGS = ("--output_dir", "--output-dir")
+
+
+def private_output_dirs(job: list[str], where: Path) -> list[str]:
+    """`job` with every output-dir flag's value replaced by `where`: doctor's runs write nothing into
+    the user's dirs (and the baseline and interrupted runs never share one)."""
+    out, it = [], iter(job)
+    for a in it:
+        flag, eq, _ = a.partition("=")
+        if flag in _OUTPUT_FLAGS and eq:
+            out.append(f"{flag}={where}")
+        elif a in _OUTPUT_FLAGS:
+            out.append(a)
+            if next(it, None) is not None:
+                out.append(str(where))
+        else:
+            out.append(a)
+    return out
+
+
 def gpu_present() -> bool:
     """A GPU device node (NVIDIA, AMD ROCm): two copies of a job might not fit on it side by side."""
     return any(os.path.exists(p) for p in _GPU_NODES)
@@ -256,7 +279,8 @@ def run_doctor(job: list[str], steps: int = DEFAULT_STEPS, kill_at: tuple[int, .
 
         def one(name: str, fault_spec: str) -> tuple[int, float]:
             e = dict(env, **{ENV_DOCTOR: str(logs[name]), ENV_DOCTOR_FAULTS: fault_spec})
-            return _supervise(job, scratch / name, e, scratch / f"{name}.log", len(kill_at) + 2)
+            argv = private_output_dirs(job, scratch / f"{name}-output")
+            return _supervise(argv, scratch / name, e, scratch / f"{name}.log", len(kill_at) + 2)
 
         t0 = time.monotonic()
         with concurrent.futures.ThreadPoolExecutor(2 if parallel else 1) as pool:

@@ -151,7 +151,8 @@ def checkpoint_cells(r: CheckpointRow, verify: bool, now: Optional[float] = None
     """One checkpoint's cells by column name."""
     flags = [f for f, on in (("remote", r.remote), ("latest", r.is_latest), ("best", r.is_best),
                              ("inexact", r.exact is False)) if on]
-    st = ("ok" if not verify else "verified") if r.problem is None else f"INVALID: {r.problem}"
+    st = ("writing" if r.writing else "ok" if not verify else "verified") if r.problem is None \
+        else f"INVALID: {r.problem}"
     return {
         "name": r.name, "step": str(r.step), "epoch": _or_dash(r.epoch), "batch": _or_dash(r.batch_in_epoch),
         "kind": r.kind or "-", "loss": f"{r.loss:.6g}" if isinstance(r.loss, (int, float)) else "-",

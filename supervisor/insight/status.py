@@ -10,11 +10,12 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+import psutil
+
 from trainer_shim.rundir import (
-    ContractError, Event, HeartbeatRecord, InvalidCheckpoint, RunDir, RunState, SupervisorState, checkpoint_roots,
-    commit_age, inspect_checkpoint, iter_checkpoint_dirs, newest_valid, parse_checkpoint_name, read_events, read_heartbeat_record,
-    read_index,
-    run_slots, stale_reason,
+    MANIFEST_NAME, ContractError, Event, HeartbeatRecord, InvalidCheckpoint, Phase, RunDir, RunState, SupervisorState,
+    checkpoint_roots, commit_age, inspect_checkpoint, iter_checkpoint_dirs, newest_valid, parse_checkpoint_name,
+    read_events, read_heartbeat_record, read_index, run_slots, stale_reason,
 )
 
 from ..process import procs
@@ -242,10 +243,11 @@ class CheckpointRow:
     is_latest: bool
     problem: Optional[str]
     remote: bool = False   # on object storage (--mirror), listed by its URL
+    writing: bool = False   # the newest, no manifest yet, its writer alive: a save in progress, not damage
 
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
-        d["valid"] = self.problem is None
+        d["valid"] = self.problem is None and not self.writing
         return d
 
 
@@ -278,6 +280,7 @@ def list_checkpoints(rd: RunDir, *, verify: bool = False) -> list[CheckpointRow]
             is_best=bool(entry.get("is_best")), is_latest=latest_target is not None and path.resolve() == latest_target,
             problem=problem,
         ))
+    _mark_writing(rd, rows)
     return sorted(rows + _remote_rows(rd), key=lambda r: r.step, reverse=True)
 
 
@@ -305,3 +308,23 @@ def _remote_rows(rd: RunDir) -> list[CheckpointRow]:
                                   kind=None, loss=None, created_at=None, size_bytes=None, exact=None, is_best=False,
                                   is_latest=False, problem=why, remote=True))
     return rows
+
+
+def _mark_writing(rd: RunDir, rows: list[CheckpointRow]) -> None:  # rows: in place
+    """The newest checkpoint without a manifest, while the job that writes it runs, is a save in
+    progress (a framework names its checkpoint dir before its files are in; our manifest comes last)."""
+    if not rows:
+        return
+    i = max(range(len(rows)), key=lambda j: rows[j].step)
+    newest = rows[i]
+    if newest.problem is None or (Path(newest.path) / MANIFEST_NAME).exists() or not _writer_alive(rd):
+        return
+    rows[i] = dataclasses.replace(newest, problem=None, writing=True)
+
+
+def _writer_alive(rd: RunDir) -> bool:
+    state = supervisor_state(rd)
+    if state is not None and procs.matches(state.child_pid, state.child_create_time) is not None:
+        return True
+    hb, _ = _newest_heartbeat(rd)  # a job run without the supervisor (or its child not yet recorded)
+    return hb is not None and hb.phase != Phase.FINISHED.value and psutil.pid_exists(hb.pid)

@@ -13,6 +13,7 @@ import pytest
 
 from tests.conftest import JOBS, REPO
 from tests.supervisor.helpers import run_cli, sup_env
+from trainer_shim.rundir import MARK_STEP
 
 pytestmark = pytest.mark.long
 
@@ -40,6 +41,11 @@ def test_hf_trainer_example_is_exact(tmp_path):
     # Doctor mode redirects the Trainer's output_dir into the scratch run dir: no checkpoint of the
     # user's (nor one of the baseline run's, which the interrupted run would resume from).
     assert not user_out.exists(), "doctor left the (empty) output_dir the Trainer made"
+    # Every step is compared by its own loss, not only the logging steps' (the Trainer logs averages).
+    (scratch,) = (tmp_path / "keep").glob("resilient-doctor-*")
+    rows = [json.loads(x) for x in (scratch / "baseline.digests.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in rows if r.get("at") == MARK_STEP]
+    assert len(losses) == 12 and all(isinstance(v, float) for v in losses), losses
 
 
 def test_lightning_example_is_exact(tmp_path):

@@ -1,6 +1,9 @@
 """A tiny job for `resilient-run doctor` tests: `exact`, `bn` (DCGAN-style defect), `rng` (forgotten
 default_rng), `localrng` (the same, a local of the training function) or `modrng` (a module of the
-model draws noise from its own torch.Generator)."""
+model draws noise from its own torch.Generator). `--output_dir DIR` (anywhere after the mode): written
+into before training starts, as ms-swift writes its args.json before a Trainer exists."""
+import json
+import os
 import sys
 
 import numpy as np
@@ -11,6 +14,12 @@ from torch.utils.data import DataLoader, TensorDataset
 import trainer_shim
 
 mode = sys.argv[1]
+if "--output_dir" in sys.argv:
+    out_dir = sys.argv[sys.argv.index("--output_dir") + 1]
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "args.json"), "w") as f:
+        json.dump({"mode": mode}, f)
+    del sys.argv[sys.argv.index("--output_dir"):sys.argv.index("--output_dir") + 2]
 torch.manual_seed(0)
 data = TensorDataset(torch.randn(64, 8), torch.randn(64, 1))
 loader = DataLoader(data, batch_size=8, shuffle=True)

@@ -159,12 +159,21 @@ def inject(action: str, run=None) -> None:
         raise SystemExit(f"toy_train: unknown fault action {action!r}")
 
 
+def validate(model: nn.Module, loader: DataLoader, loss_fn) -> float:
+    model.eval()
+    with torch.no_grad():
+        total = sum(loss_fn(model(x), y).item() for x, y in loader)
+    model.train()
+    return total
+
+
 def main() -> None:
     ap = job_parser(epochs=3, samples=96, batch_size=8, save_every=5)
     ap.add_argument("--num-workers", type=int, default=0)
     ap.add_argument("--out", default=None)
     ap.add_argument("--fallback-dir", default=None)
     ap.add_argument("--keep-last", type=int, default=3)
+    ap.add_argument("--val", action="store_true", help="validate at every epoch end (a shuffled loader: it draws RNG)")
     args = ap.parse_args()
 
     torch.manual_seed(0)
@@ -188,6 +197,7 @@ def main() -> None:
     loader = DataLoader(ToyDataset(args.samples, hang_flag=_HANG_FLAG), batch_size=args.batch_size, shuffle=True,
                         num_workers=args.num_workers)
     loss_fn = nn.BCEWithLogitsLoss()
+    val = DataLoader(ToyDataset(32), batch_size=8, shuffle=True) if args.val else None
 
     run = trainer_shim.init(model=model, optimizer=opt, scheduler=per_step, extra={"epoch_sched": per_epoch},
                             run_dir=args.run_dir, save_every_steps=args.save_every, keep_last=args.keep_last,
@@ -217,6 +227,8 @@ def main() -> None:
             if step_sleep:
                 time.sleep(step_sleep)
         per_epoch.step()
+        if val is not None:
+            validate(model, val, loss_fn)
     run.finish()
     os.write = _real_write  # TOY_WRITE_MBPS & co. slow checkpoint writes; the result file is none
     out = Path(args.out) if args.out else run.rd.root / "final_weights.pt"

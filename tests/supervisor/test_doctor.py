@@ -95,3 +95,25 @@ def test_bad_kill_at_is_a_one_line_usage_error(tmp_path):
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip() == ("resilient-run: error: --kill-at 'x' is not a list of positive steps; "
                                 "use e.g. --kill-at 17,41")
+
+
+def test_doctor_writes_nothing_into_the_jobs_output_dir(tmp_path):
+    """A job that writes into its --output_dir before any Trainer (ms-swift's args.json): doctor's runs
+    get a private one each, the user's is never created."""
+    user_out = tmp_path / "user-output"
+    r = run_cli("doctor", "--steps", "10", "--kill-at", "6", "--json", "--keep", str(tmp_path / "keep"),
+                DOCTOR_JOB, "exact", "--output_dir", str(user_out), cwd=tmp_path, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert json.loads(r.stdout)["exact"] is True
+    assert not user_out.exists(), sorted(p.name for p in user_out.iterdir())
+    (scratch,) = (tmp_path / "keep").glob("resilient-doctor-*")
+    assert (scratch / "baseline-output" / "args.json").is_file() and (scratch / "interrupted-output").is_dir()
+
+
+def test_output_dir_flags_in_every_spelling_are_made_private(tmp_path):
+    from supervisor.insight.doctor import private_output_dirs
+
+    job = ["--", "swift", "sft", "--output_dir", "out", "--output-dir=o2", "--model", "m", "--output_dir_x", "k"]
+    assert private_output_dirs(job, tmp_path) == [
+        "--", "swift", "sft", "--output_dir", str(tmp_path), f"--output-dir={tmp_path}", "--model", "m",
+        "--output_dir_x", "k"]

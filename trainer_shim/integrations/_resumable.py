@@ -53,14 +53,20 @@ class ResumableLoader:
             else:
                 it = skip_plain(self.loader, k)
             rng.restore(res["rng"], gen)
-        else:
-            if res:  # saved at an epoch's end: the next epoch starts from the saved state
-                rng.restore(res["rng"], gen)
-                k = 0
-            self._epoch_rng = rng.capture(gen)
-            it = iter(self.loader)
-        self.batches = k
-        return self._count(it)
+            self.batches = k
+            return self._count(it)
+        if res:  # saved at an epoch's end: the RNGs continue from the saved state into the next epoch
+            rng.restore(res["rng"], gen)
+        self.batches = 0
+        return self._count(self._epoch(gen))
+
+    def _epoch(self, gen: Any) -> Iterator:
+        # A new epoch begins at its first batch, not at iter(): Lightning asks for the iterator early
+        # (at setup, when it loads the state, before validation), and whatever draws from the RNGs in
+        # between (a validation loader's seed, a sanity check) happened before this epoch's start in an
+        # uninterrupted run. The state captured here is what a mid-epoch resume replays the epoch from.
+        self._epoch_rng = rng.capture(gen)
+        yield from self.loader
 
     def _count(self, it: Iterator) -> Iterator:
         for batch in it:

@@ -114,6 +114,16 @@ class Session:
                 self.event(Event.FIRST_STEP, step=step, restored_time=self._restored_time, pid=os.getpid(),
                            **rundir.start_marks(self.init_time))
 
+    def set_total_steps(self, total: Any) -> None:
+        """The run's length in optimizer steps (heartbeat `total_steps`): `status` shows progress and ETA
+        from it, as for a native run. Unknown lengths (None, 0, an infinite estimate) are left out."""
+        try:
+            n = int(total)
+        except (TypeError, ValueError, OverflowError):
+            return
+        if n > 0:
+            self.hb.fields["total_steps"] = n
+
     def beat_due(self) -> bool:
         """Whether the next beat() writes (so a caller can skip computing what only the file needs)."""
         return time.monotonic() - self._hb_last >= self.hb.interval

@@ -66,6 +66,9 @@ class ResilientCallback(TrainerCallback):
         self._loss: Optional[float] = None
         self._doctor: Optional[FrameworkDoctor] = None
         self._save_t0: Optional[float] = None   # the step end before the Trainer's save (its stall starts)
+        self._at_epoch_end: Optional[tuple] = None  # a save at an epoch's last step, committed at the next epoch
+        self._step_losses: list[float] = []  # doctor mode: this step's training forward losses
+        self._loss_hook: Any = None
         self._born = time.time()  # before the Trainer (built after its callbacks) creates output_dir
         if swift_args is not None and not getattr(swift_args, "resume_from_checkpoint", None):
             swift_args.resume_from_checkpoint = self.resume_from(swift_args.output_dir)
@@ -115,11 +118,17 @@ class ResilientCallback(TrainerCallback):
         self._limit = args.save_total_limit
         s.set_keep_last(self._limit if self._limit else _UNLIMITED)
         args.save_total_limit = None  # we rotate, after our manifest is committed
+        s.set_total_steps(state.max_steps)
+        model = kwargs.get("model")
+        if self._doctor is not None and model is not None and self._loss_hook is None:
+            # The Trainer reports a loss only at logging steps (averaged): doctor compares every step's own.
+            self._loss_hook = model.register_forward_hook(self._record_loss)
         # The phase stays `starting` (startup timeout) until the first step ends: the Trainer may
         # still restore state and skip batches here.
         s.beat(state.global_step, int(state.epoch or 0), Phase.STARTING.value)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._commit_epoch_end_save(args, state)
         args.save_total_limit = self._limit
         if self.session is not None:
             self.session.finish()
@@ -135,11 +144,21 @@ class ResilientCallback(TrainerCallback):
             control.should_save = True
             control.should_training_stop = True
         self._beat_for(control, state)
-        if self._doctor is not None and self._doctor.on_step(
-                state.global_step, kwargs.get("model"), {"optimizer": kwargs.get("optimizer"),
-                                                         "scheduler": kwargs.get("lr_scheduler")}, epoch=state.epoch):
-            control.should_training_stop = True
+        if self._doctor is not None:
+            loss, self._step_losses = (sum(self._step_losses) if self._step_losses else None), []
+            if self._doctor.on_step(state.global_step, kwargs.get("model"),
+                                    {"optimizer": kwargs.get("optimizer"), "scheduler": kwargs.get("lr_scheduler")},
+                                    loss=loss, epoch=state.epoch):
+                control.should_training_stop = True
         self._save_t0 = time.monotonic() if control.should_save else None
+
+    def _record_loss(self, module: Any, inputs: Any, output: Any) -> None:
+        loss = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", None)
+        if module.training and loss is not None and hasattr(loss, "detach"):
+            self._step_losses.append(float(loss.detach()))  # summed over the step's micro-batches
+
+    def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._commit_epoch_end_save(args, state)
 
     def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.session is not None:
@@ -174,25 +193,45 @@ class ResilientCallback(TrainerCallback):
         # The Trainer's save is collective but ends without a barrier: rank 0 writes the model and
         # optimizer while every rank writes its own rng_state_<rank>.pth. The manifest must hash them all.
         s.sync("every rank's checkpoint files written")
-        if args.should_save:
-            self._commit(args, state)
+        path = Path(args.output_dir) / hf_checkpoint_name(state.global_step)
+        took = time.monotonic() - self._save_t0 if self._save_t0 is not None else None  # the Trainer's save
+        if (not self._stopping and float(state.epoch or 0).is_integer()
+                and state.global_step < (state.max_steps or 0)):
+            # Saved at an epoch's last step, before that epoch's evaluation. A resume starts the next
+            # epoch from the checkpoint's RNG state without evaluating again, while the uninterrupted
+            # run goes on from the state the evaluation left (its loader drew a seed): the next epoch's
+            # shuffle and dropout would differ. Committed when that epoch begins, with the RNG of then
+            # (every rank refreshes its own rng_state file first).
+            self._at_epoch_end = (path, took)
+        elif args.should_save:
+            self._commit(path, state, took)
         if self._stopping:
             s.sync("preempt checkpoint committed")  # no rank exits (and makes torchrun end the rest) before it
             s.exit_preempted()
         s.beat(state.global_step, int(state.epoch or 0), Phase.TRAINING.value)
 
-    def _commit(self, args: Any, state: Any) -> None:
+    def _commit_epoch_end_save(self, args: Any, state: Any) -> None:
+        if self._at_epoch_end is None or self.session is None:
+            return
+        (path, took), self._at_epoch_end = self._at_epoch_end, None
+        if path.is_dir():
+            _refresh_rng_state(path, args)
+        self.session.sync("every rank's RNG state refreshed")
+        if args.should_save:
+            self._commit(path, state, took)
+
+    def _commit(self, path: Path, state: Any, took: Optional[float]) -> None:
         """Rank 0: the manifest of the Trainer's checkpoint-N/, then `latest`, index and rotation."""
         s = self.session
         assert s is not None
-        path = Path(args.output_dir) / hf_checkpoint_name(state.global_step)
         if not path.is_dir():
             say(f"warning: the Trainer reported a save but {path} does not exist")
             return
         kind = CheckpointKind.PREEMPT if self._stopping else CheckpointKind.STEP
+        step = int(path.name.rsplit("-", 1)[-1])
         try:
             # The Trainer named the dir already: committed in place (its manifest by temp file and rename).
-            manifest = Manifest.create(rundir.commit.hash_tree(path), step=state.global_step,
+            manifest = Manifest.create(rundir.commit.hash_tree(path), step=step,
                                        epoch=int(state.epoch or 0), batch_in_epoch=0, kind=kind, loss=self._loss)
             rundir.commit.commit_in_place(path, manifest.to_bytes())
         except OSError as e:
@@ -200,5 +239,25 @@ class ResilientCallback(TrainerCallback):
         else:
             best = state.best_model_checkpoint
             # The stall: the Trainer's save and our manifest.
-            took = time.monotonic() - self._save_t0 if self._save_t0 is not None else None
             s.committed(path, manifest, self._roots(), protect=[Path(best)] if best else [], seconds=took)
+
+
+def _refresh_rng_state(path: Path, args: Any) -> None:
+    """Overwrite the RNG states in the Trainer's rng_state file with the current ones (same keys, same types)."""
+    import random
+
+    import numpy as np
+    import torch
+
+    name = f"rng_state_{args.process_index}.pth" if args.world_size > 1 else "rng_state.pth"
+    f = path / name
+    if not f.is_file():
+        return
+    states = torch.load(f, weights_only=False)
+    states.update(python=random.getstate(), numpy=np.random.get_state(), cpu=torch.random.get_rng_state())
+    if "cuda" in states:
+        states["cuda"] = (torch.cuda.random.get_rng_state_all() if isinstance(states["cuda"], (list, tuple))
+                          else torch.cuda.random.get_rng_state())
+    tmp = f.with_name(f.name + ".tmp")
+    torch.save(states, tmp)
+    os.replace(tmp, f)

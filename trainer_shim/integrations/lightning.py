@@ -113,9 +113,13 @@ class _Resilient:
         s.install_stop()
         s.group  # every rank here together (torch.distributed is up): the barrier group is made collectively
         s.check_resumed(trainer.global_step)  # restored from ckpt_path before this hook
+        s.set_total_steps(trainer.estimated_stepping_batches)
         s.beat(trainer.global_step, trainer.current_epoch, Phase.STARTING.value)  # `training` from the first step on
 
     # --- per step ------------------------------------------------------------------------------
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        _finish_skipped_epoch_start(trainer)
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         s = self.session
@@ -220,6 +224,31 @@ def _with_distributed_sampler(trainer: Any, loader: Any) -> Any:
     except (ImportError, AttributeError) as e:  # another Lightning version: say so, train on
         say(f"warning: cannot add Lightning's distributed sampler to the train loader ({e}); every rank sees every sample")
         return loader
+
+
+def _finish_skipped_epoch_start(trainer: Any) -> None:
+    """Do the epoch-start bookkeeping Lightning skipped after resuming from an epoch's last batch.
+
+    A checkpoint written at the end of an epoch's last batch resumes as "restarted mid-epoch": Lightning
+    closes that epoch at once and goes on to the next, but (2.x) still skips the next epoch's start: its
+    `epoch_progress` is never marked ready/started and `on_train_epoch_start` is not called. Every
+    checkpoint the resumed attempt then writes in that epoch says "epoch not started", so an attempt
+    resuming from one of them replays the epoch from its first batch on top of the restored weights.
+    While a batch trains, an uninterrupted run always has started == processed + 1: restore that.
+    """
+    progress = getattr(getattr(trainer, "fit_loop", None), "epoch_progress", None)
+    if progress is None or progress.current.started != progress.current.processed:
+        return
+    progress.increment_ready()
+    # The hooks the uninterrupted run called here, through the trainer's own package's dispatch (so
+    # every callback sees them): `lightning` and `pytorch_lightning` may both be installed.
+    if type(trainer).__module__.startswith("pytorch_lightning"):
+        from pytorch_lightning.trainer import call
+    else:
+        from lightning.pytorch.trainer import call  # type: ignore[no-redef]
+    call._call_callback_hooks(trainer, "on_train_epoch_start")
+    call._call_lightning_module_hook(trainer, "on_train_epoch_start")
+    progress.increment_started()
 
 
 def _loss(outputs: Any) -> Optional[float]:
