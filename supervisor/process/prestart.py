@@ -90,7 +90,7 @@ class Prestarter:
         return True
 
     def activate(self, after: int, env_of: Callable[[int], dict[str, str]],
-                 cgroup_procs: Optional[Path]) -> Optional[Standby]:
+                 cgroup_procs: Optional[str]) -> Optional[Standby]:
         """Hand the standby its attempt's environment; None when there is none usable (then it is
         discarded). `after` is the last attempt number used: an older standby is stale."""
         sb = self.standby
@@ -104,7 +104,7 @@ class Prestarter:
             return None
         try:
             if cgroup_procs is not None:  # joined only now: idle, it must not eat the job's memory budget
-                cgroup_procs.write_text(str(sb.child.pid))
+                Path(cgroup_procs).write_text(str(sb.child.pid))   # cgroup.procs_file is a str
             sb.child.popen.stdin.write(StandbyMessage(env_of(sb.number)).to_line())
             sb.child.popen.stdin.close()
         except OSError as e:
