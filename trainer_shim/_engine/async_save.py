@@ -143,6 +143,7 @@ class FastSaver:
         now = time.monotonic()
         if self._last_step_t is not None:
             self.auto_memory.observe_step(now - self._last_step_t)
+            self.run.engine.hb.fields["memory_every_steps"] = self.auto_memory.every
         self._last_step_t = now
         return step - self._last_memory_step >= self.auto_memory.every  # a skipped one is retried next step
 
@@ -359,9 +360,10 @@ class FastSaver:
             try:
                 self.slots.slots[idx].finalize(snap, self.meta, self.world)
                 ok = True
-                if self.auto_memory is not None:  # its cost: the copy training waited for + the hash's CPU
-                    every = self.auto_memory.observe_cost(stall + time.thread_time() - cpu0)
-                    self.run.engine.hb.fields["memory_every_steps"] = every
+                if self.auto_memory is not None and not self.slots.slots[idx].created:
+                    # its cost: the copy training waited for + the hash's CPU (a slot's first fill,
+                    # which creates its file, is no measure of the steady one)
+                    self.auto_memory.observe_cost(stall + time.thread_time() - cpu0)
             except BaseException as e:  # never let the hasher die silently; the slot stays incomplete
                 self.slots.slots[idx].invalidate()
                 self._fail(_Job(idx, snap, persist=False), f"memory snapshot: {type(e).__name__}: {e}")
