@@ -1,6 +1,9 @@
 """Goodput under failures, side by side (not a test).
 
-    .venv/bin/python bench/bench_goodput.py [--mb 128] [--steps 200] [--mtbf 10,20,40] [--seed 1]
+    .venv/bin/python bench/bench_goodput.py [--mb 128] [--steps 200] [--batch 64] [--mtbf 10,20,40] [--seed 1]
+
+The issue's job (384 MiB, 0.15-0.5 s steps, kills at 8/17/27 s, MTBF 30/60/120 s) scaled to this
+2-core box: 128 MiB, ~0.1-0.2 s steps, a ~30 s job, MTBF 10/20/40 s (a third each).
 
 One job (bench/goodput_job.py: model + Adam of --mb MiB, CPU steps, --steps steps, a deterministic
 batch per step) and one seeded failure schedule (exponential gaps of mean MTBF of training time:
@@ -8,6 +11,7 @@ each gap runs from the current attempt's first step;
 kill -9s, and one kernel OOM-kill through a memory cgroup v1 when /sys/fs/cgroup/memory is
 writable, else a kill -9 said so), applied to:
 - resilient-run defaults: `resilient-run run`, `init(save_every_steps=10)` (the README's first example);
+  every tool gets the same restart budget (--max-restarts 100: the default 10 gives up at MTBF 10 s);
 - resilient-run suggested: `--backoff 0`, `init(save_every_steps=100, async_save=True,
   memory_every_steps="auto")` (the README's fast-checkpoint settings);
 - torchrun --max-restarts + a careful torch.save + fsync + rename every 20 steps, resuming from it;
@@ -53,7 +57,7 @@ SUGGESTED = {"save_every_steps": 100, "async_save": True, "memory_every_steps": 
 def setups(tmp: Path, args) -> dict[str, tuple[list[str], dict]]:
     """name -> (argv of the tool, extra env); each run gets its own dir under tmp."""
     job = [str(JOB), "--mb", str(args.mb), "--steps", str(args.steps), "--batch", str(args.batch)]
-    sup = [sys.executable, "-m", "supervisor", "run"]
+    sup = [sys.executable, "-m", "supervisor", "run", "--max-restarts", "100"]  # torchrun's budget too
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
     return {
         "resilient-run defaults": (sup + ["--run-dir", "{dir}", *job, "--dir", "{dir}", "--out", "{out}"],
@@ -243,7 +247,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--mb", type=int, default=128)
     ap.add_argument("--steps", type=int, default=200)
-    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--mtbf", default="10,20,40", help="mean seconds between failures, comma-separated")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--skip-overhead", action="store_true")

@@ -52,7 +52,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--mb", type=int, default=128)
     ap.add_argument("--steps", type=int, default=200)
-    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--save-every", type=int, default=20)
     ap.add_argument("--dir", required=True)
     ap.add_argument("--out", required=True)

@@ -195,8 +195,10 @@ def main() -> None:
     held = [s for s, a in faults.items() if a == "kill_hashing"]
     if held:
         hold_hash_at(held[0])
-    # kill_settled/kill_hashing at N: the snapshot of N is taken (not skipped while N-1's is hashed).
+    # kill_settled/kill_hashing at N: the snapshot of N is taken (not skipped while N-1's is hashed);
+    # kill_hashing: N-1's too (the complete one a restart then finds).
     settle = {s - 1 for s, a in faults.items() if a in ("kill_settled", "kill_hashing")}
+    settle |= {s - 2 for s, a in faults.items() if a == "kill_hashing"}
     run.state.setdefault("seen", 0)
     poison = os.environ.get("TOY_CRASH_IF_RESUMED_FROM_STEP")
     if poison and run.resumed_from and run.global_step == int(poison):
