@@ -206,8 +206,10 @@ def main() -> None:
     held = [s for s, a in faults.items() if a == "kill_hashing"]
     if held:
         hold_hash_at(held[0])
-    # kill_settled/kill_hashing at N: the snapshot of N is taken (not skipped while N-1's is hashed).
+    # kill_settled/kill_hashing at N: the snapshot of N is taken (not skipped while N-1's is hashed);
+    # kill_hashing: N-1's too (the complete one a restart then finds).
     settle = {s - 1 for s, a in faults.items() if a in ("kill_settled", "kill_hashing")}
+    settle |= {s - 2 for s, a in faults.items() if a == "kill_hashing"}
     run.state.setdefault("seen", 0)
     if os.environ.get("TOY_CRASH_BEFORE_STEP_ATTEMPT") == str(attempt()):
         raise RuntimeError("toy_train: crash before the first step")

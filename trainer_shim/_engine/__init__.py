@@ -15,5 +15,6 @@ Private: users rely only on what `trainer_shim` exports.
     rotation         the pure retention policy: which checkpoints to delete
     saving           ONE commit protocol for 1..N ranks (decide -> write -> manifest -> rename)
     sharded          DCP (FSDP2/DTensor) model and optimizer state
+    slot_restore     restoring from memory snapshot slots (FastSaver's part the restore loop calls)
     snapshot_store   memory snapshot slots without torch: find, persist, free
 """

@@ -15,8 +15,8 @@ most one save is in flight:
   incomplete one). It goes into a slot nobody holds that is not the only complete one; when there
   is none (the previous snapshot is still being hashed, or the writer still finalizes the other
   slot) it is SKIPPED, not waited for: counted in the heartbeat's `memory_snapshots_skipped`, with
-  one `save_skipped` event per in-flight disk save. N ranks wait instead (their slots must hold
-  the same steps to be merged).
+  one `save_skipped` event per in-flight disk save. N ranks hash on the training thread instead
+  (a kill then finds every rank's slot of the step complete: slots are merged by step).
 
 Writer failures become `checkpoint_failed` events and a warning at the next run.step();
 training continues. drain() (SIGTERM, finish(), an uncaught exception, interpreter exit) waits
@@ -31,17 +31,17 @@ import os
 import threading
 import time
 from pathlib import Path
-from collections.abc import Iterator
 from typing import Any, Callable, Optional
 
 from . import checkpoint as ckpt
 from .._process import distributed
-from . import restoring, saving, snapshot_store
+from . import saving, snapshot_store
 from .. import rundir
 from .engine import Trained
 from .._process.messages import say
 from ..errors import CollectiveTimeout
 from .memory_snapshot import SlotError, Slots
+from .slot_restore import SlotRestore
 from .._policies.memory_interval import AutoMemory
 from .._policies.save_interval import AUTO, mtbf_for
 from ..rundir import CheckpointInfo, CheckpointKind, Event, InvalidCheckpoint
@@ -69,7 +69,7 @@ def _low_priority() -> None:
         pass
 
 
-class FastSaver:
+class FastSaver(SlotRestore):
     """Owned by a Run's engine (`engine.fast`); see the module docstring for the policy."""
 
     def __init__(self, run: Trained, save_now: Callable[[CheckpointKind], Any], *, async_save: bool,
@@ -144,6 +144,7 @@ class FastSaver:
         now = time.monotonic()
         if self._last_step_t is not None:
             self.auto_memory.observe_step(now - self._last_step_t)
+            self.run.engine.hb.fields["memory_every_steps"] = self.auto_memory.every
         self._last_step_t = now
         return step - self._last_memory_step >= self.auto_memory.every  # a skipped one is retried next step
 
@@ -187,19 +188,29 @@ class FastSaver:
         """One copy into a free slot; the hasher completes it. Skipped when no slot is free."""
         with self._cv:
             idx = self.slots.target(self._busy()) if self._hashing is None else None
-            while idx is None and self.world > 1:  # N ranks: every rank snapshots the same steps
-                self._cv.wait()
-                idx = self.slots.target(self._busy()) if self._hashing is None else None
             if idx is None:
                 self._skip()
                 return
         t0 = time.perf_counter()
         snap = self._fill(idx, CheckpointKind.STEP)
-        if snap is not None:
+        if snap is not None and self.world > 1:
+            # N ranks hash on the training thread: a kill then finds every rank's slot of this
+            # step complete, and the supervisor merges slots of one step only.
+            self._finalize_now(idx, snap)
+        elif snap is not None:
             self._last_memory_step = snap.global_step
             with self._cv:
                 self._hashing = (idx, snap, time.perf_counter() - t0)
                 self._cv.notify_all()
+
+    def _finalize_now(self, idx: int, snap: ckpt.Snapshot) -> None:
+        try:
+            self.slots.slots[idx].finalize(snap, self.meta, self.world)
+        except OSError as e:
+            self._fail_slot(idx, e)
+            return
+        with self._cv:
+            self.slots.done(idx)
 
     def _skip(self) -> None:
         self.skipped += 1
@@ -256,74 +267,12 @@ class FastSaver:
             self.slots.free()
             snapshot_store.disown(self.run.rd, self.run.rank if self.world > 1 else 0)
 
-    # --- restore ----------------------------------------------------------------------------------
-
-    def before_restore(self) -> Optional["FastSaver"]:
-        """The memory source for restoring.restore (one process), or None after N ranks' slots
-        were merged to disk (the disk restore then picks them)."""
-        if self.world > 1:
-            self._persist_merged()
-            return None
-        return self
-
-    def candidates(self, requested: Optional[str]) -> Iterator[Path]:
-        """The complete slots, newest first, while one is newer than the disk pick (or the same
-        checkpoint: same step and digests); restoring.restore tries them before the disk."""
-        run = self.run
-        disk = self._disk_pick(requested)
-        disk_step = disk.step if disk is not None else -1
-        for info in snapshot_store.complete_slots(run.rd.root, run.rd.node,
-                                                  on_reject=lambda p, r: restoring.reject(run, p, r)):
-            same = disk is not None and info.step == disk.step and info.manifest.files == disk.manifest.files
-            if info.step < disk_step or (info.step == disk_step and not same):
-                return
-            # Every digest is checked as it loads: the small members against the manifest, each
-            # tensor against its table as it is read into the live state (raw_tensors: a bad one
-            # is overwritten by the fallback, or ends the attempt when none is left).
-            self._offered = (info, disk if same else None)
-            yield info.path
-
-    def _disk_pick(self, requested: Optional[str]) -> Optional[CheckpointInfo]:
-        if requested == rundir.RESUME_NONE:
-            return None
-        if requested:
-            try:
-                return rundir.inspect_checkpoint(Path(requested))
-            except InvalidCheckpoint:
-                return None
-        return rundir.newest_valid(self.run.search_dirs)
-
-    def loaded(self, path: Path) -> None:
-        """The restore loop resumed from slot `path`: keep it, and persist it when it is not on disk."""
-        info, disk = self._offered
-        say(f"resumed from memory step {info.step}")
-        self.slots.adopt(info.path)
-        if disk is not None:
-            self.run.resumed_from = str(disk.path)
-        else:
-            m = info.manifest
-            self._submit(_Job(self.slots.newest, ckpt.Snapshot({}, info.step, m.epoch,  # type: ignore[arg-type]
-                              m.batch_in_epoch, m.kind, m.loss, background=True),
-                              persist=True, finalized=True))
-
-    def dropped(self, path: Path) -> None:
-        """The restore loop refused slot `path`: never picked again (by a later attempt or the
-        supervisor's persist), it is no longer complete."""
-        (path / rundir.MANIFEST_NAME).unlink(missing_ok=True)
-
-    def _persist_merged(self) -> None:
-        """N ranks: every rank's slot of the newest step they all hold goes to disk as one
-        checkpoint (the supervisor has normally done it already), which the disk restore picks."""
-        run = self.run
-        if run.rank == 0:
-            try:
-                done = snapshot_store.persist_newest(run.rd, on_reject=lambda p, r: restoring.reject(run, p, r))
-            except (OSError, rundir.ContractError) as e:
-                say(f"warning: cannot persist the memory snapshot: {e}")
-                done = None
-            if done is not None:
-                say(f"persisted memory snapshot of step {done[1].global_step} to {done[0]}")
-        run.engine.group.barrier("memory snapshot persisted")
+    def persist_restored(self, info: CheckpointInfo) -> None:
+        """SlotRestore.loaded(): the restored slot is not on disk yet: the writer persists it."""
+        m = info.manifest
+        self._submit(_Job(self.slots.newest, ckpt.Snapshot({}, info.step, m.epoch,  # type: ignore[arg-type]
+                          m.batch_in_epoch, m.kind, m.loss, background=True),
+                          persist=True, finalized=True))
 
     # --- writer thread ---------------------------------------------------------------------------
 
@@ -361,9 +310,10 @@ class FastSaver:
             try:
                 self.slots.slots[idx].finalize(snap, self.meta, self.world)
                 ok = True
-                if self.auto_memory is not None:  # its cost: the copy training waited for + the hash's CPU
-                    every = self.auto_memory.observe_cost(stall + time.thread_time() - cpu0)
-                    self.run.engine.hb.fields["memory_every_steps"] = every
+                if self.auto_memory is not None and not self.slots.slots[idx].created:
+                    # its cost: the copy training waited for + the hash's CPU (a slot's first fill,
+                    # which creates its file, is no measure of the steady one)
+                    self.auto_memory.observe_cost(stall + time.thread_time() - cpu0)
             except BaseException as e:  # never let the hasher die silently; the slot stays incomplete
                 self.slots.slots[idx].invalidate()
                 self._fail(_Job(idx, snap, persist=False), f"memory snapshot: {type(e).__name__}: {e}")

@@ -94,6 +94,7 @@ class Slot:
         self.layouts: dict[str, list] = {}
         self.regions: dict[str, tuple[mmap.mmap, list]] = {}  # member -> (its mapping, table entries)
         self.pending: list[str] = []         # split members whose tensors wait in the staging buffers
+        self.created = False                 # the last fill (re)created a tensor file: not a steady cost
 
     def prepare(self) -> Optional[str]:
         """Create the slot (0700) or check ours. A loose one of ours (wrong mode) is never trusted:
@@ -126,6 +127,7 @@ class Slot:
         flush() completes the slot); the caller's tensors may change right after either way."""
         self.invalidate()
         self.pending = []
+        self.created = False
         present = set()
         for name, obj in files.items():
             present.add(name)
@@ -173,6 +175,7 @@ class Slot:
     def _remap(self, name: str, tpath: Path, tensors: list) -> None:
         """(Re)create the raw region and map it shared, so later copies go in place."""
         self._forget(name)
+        self.created = True
         entries = raw.plan(tensors)
         assert entries is not None  # fill() stores members that cannot be raw whole
         mm = raw.create(tpath, entries)

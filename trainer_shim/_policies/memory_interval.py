@@ -43,10 +43,14 @@ class AutoMemory:
     def observe_step(self, seconds: float) -> None:
         s = max(0.0, float(seconds))
         self.step_s = s if self.step_s is None else (1 - _EWMA) * self.step_s + _EWMA * s
+        self._update()
 
     def observe_cost(self, seconds: float) -> int:
         c = max(0.0, float(seconds))
         self.cost_s = c if self.cost_s is None else (1 - _EWMA) * self.cost_s + _EWMA * c
-        if self.step_s:
-            self.every = max(1, round(memory_interval_s(self.cost_s, self.mtbf_s) / self.step_s))
+        self._update()
         return self.every
+
+    def _update(self) -> None:
+        if self.step_s and self.cost_s is not None:
+            self.every = max(1, round(memory_interval_s(self.cost_s, self.mtbf_s) / self.step_s))

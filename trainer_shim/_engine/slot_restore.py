@@ -1,0 +1,89 @@
+"""Restoring from memory snapshot slots: the part of async_save.FastSaver the restore loop calls
+(restoring.restore): which complete slots to offer before the disk, what becomes of the one it
+loaded (kept; persisted when it is not on disk) or refused (its manifest removed), and the N-rank
+merge to disk. A mixin: FastSaver provides run, world, slots and persist_restored()."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Optional
+
+from . import restoring, snapshot_store
+from .. import rundir
+from .._process.messages import say
+from ..rundir import CheckpointInfo, InvalidCheckpoint
+
+
+class SlotRestore:
+    run: Any
+    world: int
+    slots: Any
+    _offered: Any = None  # (slot info, same disk checkpoint or None) the restore loop is trying
+
+    def persist_restored(self, info: CheckpointInfo) -> None:
+        raise NotImplementedError
+
+    def before_restore(self) -> Optional["SlotRestore"]:
+        """The memory source for restoring.restore (one process), or None after N ranks' slots
+        were merged to disk (the disk restore then picks them)."""
+        if self.world > 1:
+            self._persist_merged()
+            return None
+        return self
+
+    def candidates(self, requested: Optional[str]) -> Iterator[Path]:
+        """The complete slots, newest first, while one is newer than the disk pick (or the same
+        checkpoint: same step and digests); restoring.restore tries them before the disk."""
+        run = self.run
+        disk = self._disk_pick(requested)
+        disk_step = disk.step if disk is not None else -1
+        for info in snapshot_store.complete_slots(run.rd.root, run.rd.node,
+                                                  on_reject=lambda p, r: restoring.reject(run, p, r)):
+            same = disk is not None and info.step == disk.step and info.manifest.files == disk.manifest.files
+            if info.step < disk_step or (info.step == disk_step and not same):
+                return
+            # Every digest is checked as it loads: the small members against the manifest, each
+            # tensor against its table as it is read into the live state (raw_tensors: a bad one
+            # is overwritten by the fallback, or ends the attempt when none is left).
+            self._offered = (info, disk if same else None)
+            yield info.path
+
+    def _disk_pick(self, requested: Optional[str]) -> Optional[CheckpointInfo]:
+        if requested == rundir.RESUME_NONE:
+            return None
+        if requested:
+            try:
+                return rundir.inspect_checkpoint(Path(requested))
+            except InvalidCheckpoint:
+                return None
+        return rundir.newest_valid(self.run.search_dirs)
+
+    def loaded(self, path: Path) -> None:
+        """The restore loop resumed from slot `path`: keep it, and persist it when it is not on disk."""
+        info, disk = self._offered
+        say(f"resumed from memory step {info.step}")
+        self.slots.adopt(info.path)
+        if disk is not None:
+            self.run.resumed_from = str(disk.path)
+        else:
+            self.persist_restored(info)
+
+    def dropped(self, path: Path) -> None:
+        """The restore loop refused slot `path`: never picked again (by a later attempt or the
+        supervisor's persist), it is no longer complete."""
+        (path / rundir.MANIFEST_NAME).unlink(missing_ok=True)
+
+    def _persist_merged(self) -> None:
+        """N ranks: every rank's slot of the newest step they all hold goes to disk as one
+        checkpoint (the supervisor has normally done it already), which the disk restore picks."""
+        run = self.run
+        if run.rank == 0:
+            try:
+                done = snapshot_store.persist_newest(run.rd, on_reject=lambda p, r: restoring.reject(run, p, r))
+            except (OSError, rundir.ContractError) as e:
+                say(f"warning: cannot persist the memory snapshot: {e}")
+                done = None
+            if done is not None:
+                say(f"persisted memory snapshot of step {done[1].global_step} to {done[0]}")
+        run.engine.group.barrier("memory snapshot persisted")
