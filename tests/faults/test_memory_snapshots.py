@@ -23,16 +23,22 @@ SUP = ("--backoff", "0", "--heartbeat-timeout", "30", "--grace-period", "2")
 SMALL = ("--epochs", "2", "--save-every", "100")
 
 
-def test_kill9_with_a_snapshot_every_step_loses_nothing_and_the_supervisor_persists_it(tmp_path: Path) -> None:
+def _supervised(tmp_path: Path, faults: str) -> tuple[Path, Path, Path]:
+    """The toy under the supervisor with a snapshot every step and `faults`; it must end in success.
+    Returns (run dir, final weights, the uninterrupted run's weights)."""
     ref = reference(tmp_path, *SMALL)
     run_dir, out = tmp_path / "run", tmp_path / "weights.pt"
-    p = start_cli("--run-dir", str(run_dir), *SUP, TOY, *SMALL, "--out", str(out),
-                  env=sup_env(**MEM, TOY_FAULTS="1:kill_settled@7,2:kill_settled@17"))
+    p = start_cli("--run-dir", str(run_dir), *SUP, TOY, *SMALL, "--out", str(out), env=sup_env(**MEM, TOY_FAULTS=faults))
     try:
         rc = p.wait(180)
     finally:
         kill_group(p)
     assert rc == 0, p.stderr.read()[-3000:]
+    return run_dir, out, ref
+
+
+def test_kill9_with_a_snapshot_every_step_loses_nothing_and_the_supervisor_persists_it(tmp_path: Path) -> None:
+    run_dir, out, ref = _supervised(tmp_path, "1:kill_settled@7,2:kill_settled@17")
     assert ended_kinds(run_dir) == ["signal", "signal", "success"]
     persisted = events(run_dir, rundir.Event.CHECKPOINT_PERSISTED_BY_SUPERVISOR)
     assert [e["step"] for e in persisted] == [7, 17], persisted
@@ -48,15 +54,7 @@ def test_kill9_with_a_snapshot_every_step_loses_nothing_and_the_supervisor_persi
 def test_kill9_while_the_snapshot_is_still_hashed_resumes_from_the_previous_one(tmp_path: Path) -> None:
     """run.step() 12 returned with its snapshot copied but not yet hashed: the slot of step 12 has
     no manifest, so the supervisor persists step 11's and the next attempt redoes step 12."""
-    ref = reference(tmp_path, *SMALL)
-    run_dir, out = tmp_path / "run", tmp_path / "weights.pt"
-    p = start_cli("--run-dir", str(run_dir), *SUP, TOY, *SMALL, "--out", str(out),
-                  env=sup_env(**MEM, TOY_FAULTS="1:kill_hashing@12"))
-    try:
-        rc = p.wait(180)
-    finally:
-        kill_group(p)
-    assert rc == 0, p.stderr.read()[-3000:]
+    run_dir, out, ref = _supervised(tmp_path, "1:kill_hashing@12")
     assert ended_kinds(run_dir) == ["signal", "success"]
     persisted = events(run_dir, rundir.Event.CHECKPOINT_PERSISTED_BY_SUPERVISOR)
     assert [e["step"] for e in persisted] == [11], persisted

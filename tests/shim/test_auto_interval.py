@@ -68,17 +68,10 @@ def test_mtbf_from_the_run_dirs_events():
 def test_init_auto_uses_the_run_dirs_mtbf_and_the_measured_save(tmp_path):
     """A real shim process: MTBF from the run dir's history, C from its own save, interval in the heartbeat."""
     import json
-    import subprocess
 
-    from tests.conftest import PYTHON
-    from tests.supervisor.helpers import sup_env
-
-    rd = tmp_path / "run"
-    rd.mkdir()
     hist = [("attempt_started", 1, "00:00:00", {}), ("attempt_ended", 1, "01:00:00", {"kind": "oom"}),
             ("attempt_started", 2, "01:00:00", {}), ("attempt_ended", 2, "02:00:00", {"kind": "hang"})]
-    (rd / "events.jsonl").write_text("".join(json.dumps({"event": e, "attempt": a, "time": f"2026-01-01T{t}+00:00", **kw}) + "\n"
-                                             for e, a, t, kw in hist))
+    rd = _run_dir_with_history(tmp_path, hist)
     code = (
         "import json, torch, trainer_shim\n"
         "m = torch.nn.Linear(512, 512); o = torch.optim.Adam(m.parameters())\n"
@@ -88,9 +81,8 @@ def test_init_auto_uses_the_run_dirs_mtbf_and_the_measured_save(tmp_path):
         "print(json.dumps([before, run.save_every_seconds, run.engine.auto.save_cost_s]))\n"
         "run.finish()\n"
     )
-    p = subprocess.run([PYTHON, "-c", code], env=sup_env(), capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0, p.stderr[-2000:]
-    before, after, cost = json.loads(p.stdout.strip().splitlines()[-1])
+    stdout = _run_shim(code)
+    before, after, cost = json.loads(stdout[-1])
     assert before == MIN_INTERVAL_S and cost > 0
     assert after == pytest.approx(young_daly(cost, 3600.0))     # 2 h of attempts, 2 failures
     hb = json.loads((rd / "heartbeats" / "rank-0.json").read_text())
@@ -129,17 +121,10 @@ def test_memory_auto_measures_its_snapshots_and_the_run_dirs_mtbf(tmp_path):
     """A real shim process with memory_every_steps="auto" and save_every_steps="auto": the snapshot
     interval follows the measured cost, step time and the history's MTBF, in the heartbeat."""
     import json
-    import subprocess
-
-    from tests.conftest import PYTHON
-    from tests.supervisor.helpers import sup_env
     from trainer_shim._policies.memory_interval import memory_interval_s
 
-    rd = tmp_path / "run"
-    rd.mkdir()
     hist = [("attempt_started", 1, "00:00:00", {}), ("attempt_ended", 1, "00:00:20", {"kind": "signal"})]
-    (rd / "events.jsonl").write_text("".join(json.dumps({"event": e, "attempt": a, "time": f"2026-01-01T{t}+00:00", **kw}) + "\n"
-                                             for e, a, t, kw in hist))
+    rd = _run_dir_with_history(tmp_path, hist)
     code = (
         "import json, time, torch, trainer_shim\n"
         "m = torch.nn.Linear(1024, 1024); o = torch.optim.Adam(m.parameters())\n"
@@ -154,12 +139,34 @@ def test_memory_auto_measures_its_snapshots_and_the_run_dirs_mtbf(tmp_path):
         "print(json.dumps(json.load(open(run.rd.heartbeat(0)))))\n"
         "run.finish()\n"
     )
-    p = subprocess.run([PYTHON, "-c", code], env=sup_env(), capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0, p.stderr[-2000:]
-    lines = p.stdout.strip().splitlines()
+    stdout = _run_shim(code)
+    lines = stdout
     (every, cost, step_s, mtbf, save_s), hb = json.loads(lines[-2]), json.loads(lines[-1])
     assert mtbf == pytest.approx(20.0, abs=1.0)   # 20 s of attempt, one kill -9
     assert cost > 0 and step_s >= 0.02
     assert every == max(1, round(memory_interval_s(cost, mtbf) / step_s))
     assert hb["memory_every_steps"] == every and hb["memory_snapshots_skipped"] >= 0
     assert save_s == MIN_INTERVAL_S    # save_every_steps="auto" is the Young/Daly time interval
+
+
+def _run_dir_with_history(tmp_path, hist):
+    """A run dir whose events.jsonl holds `hist`: (event, attempt, time of day, fields) tuples."""
+    import json
+
+    rd = tmp_path / "run"
+    rd.mkdir()
+    (rd / "events.jsonl").write_text("".join(json.dumps({"event": e, "attempt": a, "time": f"2026-01-01T{t}+00:00", **kw}) + "\n"
+                                             for e, a, t, kw in hist))
+    return rd
+
+
+def _run_shim(code):
+    """`code` in a fresh Python (the shim's env); its stdout lines. It must succeed."""
+    import subprocess
+
+    from tests.conftest import PYTHON
+    from tests.supervisor.helpers import sup_env
+
+    p = subprocess.run([PYTHON, "-c", code], env=sup_env(), capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    return p.stdout.strip().splitlines()

@@ -22,11 +22,11 @@ import dataclasses
 import fcntl
 import json
 import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Optional
 
+from .atomic import atomic_write_json
 from .clock import process_start_ticks
 from .layout import RunDir
 from .manifest import MANIFEST_NAME, Manifest
@@ -55,17 +55,7 @@ def record_owner(run_root: Path, node: Optional[int] = None, rank: int = 0) -> N
     path = owner_path(run_root, node, rank)
     rec = {"pid": os.getpid(), "start_ticks": process_start_ticks(), "run_dir": os.path.realpath(run_root),
            "node": node, "rank": rank}
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=SHM_DIR)  # 0600
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(rec, f)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    atomic_write_json(path, rec, durable=False)  # RAM-backed like the slots: no fsync
 
 
 @dataclasses.dataclass
