@@ -262,7 +262,7 @@ class Supervisor:
                    + (", prestarted" if sb else "") + f"), resuming from {chosen or 'scratch'}")
         self.state = State.RUNNING
         self._emit(Event.ATTEMPT_STARTED, pid=child.pid, resume_from=chosen, command=list(self.smart.command),
-                   prestarted=sb is not None, warm=sb is not None and sb.warm)
+                   prestarted=sb is not None, warm=sb is not None and sb.warm, warm_ready=sb is not None and sb.ready)
         self.journal.write_state()
         say(f"attempt {n} started (pid {child.pid}), " + (f"resuming from {chosen}" if chosen else "starting fresh"))
         self.notifier.status(self._status_line())

@@ -38,6 +38,7 @@ class Standby:
     number: int
     child: procs.Child
     warm: bool = False   # a warm interpreter (trainer_shim._launch.warm) rather than a prestarted torchrun
+    ready: bool = False  # a warm one had finished its imports when it was handed its attempt
 
 
 class Prestarter:
@@ -113,7 +114,9 @@ class Prestarter:
             return None
         self.standby = None
         if sb.warm:
-            self._ready_file(sb.number).unlink(missing_ok=True)
+            ready_file = self._ready_file(sb.number)
+            sb.ready = ready_file.exists()
+            ready_file.unlink(missing_ok=True)
         try:  # from now on it is attempt N: its log takes the attempt's name (the open fd follows the rename)
             os.replace(sb.child.log_path, self.rd.attempt_log(sb.number))
             sb.child.log_path = self.rd.attempt_log(sb.number)

@@ -21,6 +21,10 @@ LIBRARY_INTERNALS = {
     "_rand",            # numpy.random.mtrand._rand: the legacy global RandomState
     "_BatchNorm",       # torch.nn.modules.batchnorm._BatchNorm: every BatchNorm's base
     "_data_source",     # Lightning's fit_loop._data_source: the train dataloader source
+    "_data_connector",  # Lightning's trainer._data_connector ...
+    "_prepare_dataloader",  # ... ._prepare_dataloader: how Lightning itself injects a DistributedSampler
+    "_call_callback_hooks",         # lightning.pytorch.trainer.call: the trainer's own hook dispatch,
+    "_call_lightning_module_hook",  # used to replay the epoch-start hooks Lightning skips on a resume
 }
 
 

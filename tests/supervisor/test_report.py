@@ -66,9 +66,9 @@ def test_figures_match_the_events(doctor_run):
         # A toy's restore takes milliseconds; a cold attempt's interpreter start and `import torch` are
         # "start", not "restore"; a warm one (the standby, started with the attempt before) imported them earlier.
         startup1 = _t(first[1]["time"]) - _t(started[1]["time"])
-        if started[n]["warm"]:
+        if started[n]["warm_ready"]:  # a standby still importing (a quick crash on a busy box) pays the rest
             assert a["recover_imports"] < startup1 / 2, a
-        else:
+        elif not started[n]["warm"]:
             assert a["recover_imports"] > a["recover_restore"], a
         parts = ("recover_detect", "recover_stop", "recover_start", "recover_restore", "recover_first_step")
         assert sum(a[k] for k in parts) == pytest.approx(a["recover_total"], abs=8e-3)
