@@ -32,6 +32,7 @@ from .decisions.learned_timeout import TimeoutLearner
 from .insight.metrics import collect, write_textfile
 from .insight.notify import Notifier
 from .decisions.policy import Action, RestartPolicy
+from .process.launch import torchrun_options
 from .process.prestart import Prestarter
 from .insight.progress import CostCache
 from .decisions.smart_restarts import SmartRestarts
@@ -130,9 +131,8 @@ class Supervisor:
             self._finish(State.STOPPED, EXIT_STOPPED)
             self._emit(Event.STOPPED, saved=False)
             return
-        say(f"stop requested: asking trainer pid {self.attempt.child.pid} to save (up to {self.config.grace_period:g}s)")
-        # The main process only: its DataLoader workers must keep serving the final save.
-        procs.signal_pid(self.attempt.child.pid, signal.SIGTERM)
+        pids = self.attempt.ask_to_save(torchrun_options(self.smart.command) is not None)
+        say(f"stop requested: asking trainer pid {', '.join(map(str, pids))} to save (up to {self.config.grace_period:g}s)")
         self.stop_deadline = time.monotonic() + self.config.grace_period
 
     def handle_sigint(self) -> None:

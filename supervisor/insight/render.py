@@ -105,7 +105,7 @@ def status_rows(rep: StatusReport) -> list[tuple[str, str]]:
     stale = "" if rep.heartbeat_fresh or rep.heartbeat_age_s is None else " (stale)"
     rows = [
         ("state", describe_state(rep)), ("attempt", str(rep.attempt or "-")), ("restarts", _or_dash(rep.restarts)),
-        ("supervisor pid", sup), ("trainer pid", str(rep.child_pid or "-")),
+        ("supervisor pid", sup), ("trainer pid", str(rep.trainer_pid or rep.child_pid or "-")),
         ("phase", describe_phase(rep)), ("step", _or_dash(rep.step)),
         ("progress", describe_progress(rep)),
         ("epoch", _or_dash(rep.epoch)),
@@ -115,6 +115,8 @@ def status_rows(rep: StatusReport) -> list[tuple[str, str]]:
         ("latest checkpoint", f"{Path(ck['path']).name} (step {ck['step']}, {fmt_age(rep.checkpoint_age_s)} ago)" if ck else "-"),
         ("disk free", fmt_bytes(rep.disk_free_bytes)),
     ]
+    if rep.trainer_pid and rep.child_pid and rep.trainer_pid != rep.child_pid:
+        rows.insert(4, ("launcher pid", str(rep.child_pid)))
     if rep.save_interval_s is not None:
         rows.append(("save interval", f"{fmt_age(rep.save_interval_s)} (auto)"))
     if rep.mirrored is not None:

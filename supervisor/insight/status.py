@@ -102,13 +102,15 @@ class StatusReport:
     mirrored: Optional[dict] = None   # --mirror: the newest checkpoint on object storage {"url", "step", "at"}
     # memory snapshot slots in /dev/shm: {"bytes", "live_owner_pid", "owners", "slots", "stale"}; None if none
     memory_slots: Optional[dict] = None
+    # rank 0's pid from its heartbeat (this attempt's): child_pid is a launcher's (swift, sh -c) when they differ
+    trainer_pid: Optional[int] = None
 
     @property
     def healthy(self) -> bool:
         return self.state == RunState.SUCCEEDED or (self.state == RunState.RUNNING and self.heartbeat_fresh)
 
     def to_json(self) -> dict:
-        keys = ("state", "supervisor_pid", "child_pid", "attempt", "restarts", "heartbeat_age_s", "step",
+        keys = ("state", "supervisor_pid", "child_pid", "trainer_pid", "attempt", "restarts", "heartbeat_age_s", "step",
                 "epoch", "loss", "last_failure", "latest_checkpoint", "save_interval_s", "stop", "mirrored",
                 "memory_slots")
         out = {k: getattr(self, k) for k in keys}
@@ -153,7 +155,8 @@ def read_status(rd: RunDir) -> StatusReport:
     cfg = recorded_config(state)
     hb, age = _newest_heartbeat(rd)
     fresh = False
-    if hb is not None and age is not None and state is not None and hb.attempt == state.attempt:
+    current = hb is not None and state is not None and hb.attempt == state.attempt
+    if current and age is not None:
         fresh = age <= allowance(hb.phase, cfg)
     events = read_events(rd)
     last_failure = _last_failure(events)
@@ -177,7 +180,7 @@ def read_status(rd: RunDir) -> StatusReport:
         progress=progress_of(rd, hb, events, failed=last_failure is not None),
         supervisor_alive=sup_alive,
         stop=_stop(events) if recorded == RunState.STOPPED else None, mirrored=_mirrored(events),
-        memory_slots=_memory_slots(rd),
+        memory_slots=_memory_slots(rd), trainer_pid=hb.pid if current and hb is not None else None,
     )
 
 

@@ -123,6 +123,17 @@ class Attempt:
         ours = {p.pid for p in procs.tree(self.child.pid)}
         return {rank: t.record.pid for rank, t in self.monitor.tracks.items() if t.record.pid in ours}
 
+    def ask_to_save(self, launcher_forwards: bool) -> list[int]:
+        """A requested stop: SIGTERM each rank's main process (its DataLoader workers must keep
+        serving the final save); the pids signalled. torchrun forwards SIGTERM to its ranks and
+        waits for them, so it is signalled itself; any other launcher (`swift`, `accelerate
+        launch`, `sh -c`) would die at once, its trainer left to the teardown's SIGKILL."""
+        ranks = [] if launcher_forwards else sorted(set(self.rank_procs().values()) - {self.child.pid})
+        targets = ranks or [self.child.pid]  # no heartbeat yet: nothing to save, the launcher as before
+        for pid in targets:
+            procs.signal_pid(pid, signal.SIGTERM)
+        return targets
+
     def outlive_a_crash(self, rd: RunDir, now: float, wait: float) -> dict[int, int]:
         """rank -> pid of the ranks still alive `wait` seconds after another rank crashed (wrote
         its error file); {} before that. They cannot finish a collective without it, and the

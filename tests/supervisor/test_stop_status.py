@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 from supervisor.insight import render
 from supervisor.insight.status import open_run_dir, read_status
@@ -11,6 +13,7 @@ from tests.conftest import JOBS
 from .helpers import FAKE_JOB, events, heartbeat, kill_group, run_cli, start_cli, sup_env, wait_until
 
 TOY = str(JOBS / "toy_train.py")
+LAUNCHER = str(Path(__file__).parents[1] / "integrations" / "launcher.py")
 
 
 def _rows(out: str) -> dict[str, str]:
@@ -48,6 +51,30 @@ def test_stop_then_status_says_stopped_resumable_not_preempted(run_dir):
     js = json.loads(run_cli("status", str(run_dir), "--json").stdout)
     assert js["state"] == "stopped" and js["last_failure"] is None
     assert js["stop"] == {"attempt": 1, "saved": True, "step": stopped["step"]}
+
+
+def test_stop_below_a_launcher_asks_the_trainer_not_the_launcher(run_dir):
+    """`-- python launcher.py python toy_train.py` (a launcher as `swift sft` is one: it would die of
+    SIGTERM at once): the stop goes to the trainer, which saves at once; the launcher passes its 75 on."""
+    p = start_cli("--run-dir", str(run_dir), "--heartbeat-timeout", "30", "--", sys.executable, LAUNCHER,
+                  sys.executable, TOY, "--epochs", "50", "--save-every", "100", "--step-sleep", "0.05")
+    try:
+        wait_until(lambda: (heartbeat(run_dir) or {}).get("step", 0) >= 6, timeout=90, what="step 6")
+        js = json.loads(run_cli("status", str(run_dir), "--json").stdout)
+        [started] = events(run_dir, "attempt_started")
+        assert js["child_pid"] == started["pid"] and js["trainer_pid"] == heartbeat(run_dir)["pid"] != started["pid"]
+        rows = dict(render.status_rows(read_status(open_run_dir(run_dir))))
+        assert rows["launcher pid"] == str(started["pid"]) and rows["trainer pid"] == str(js["trainer_pid"])
+        stop = run_cli("stop", str(run_dir), timeout=120)
+        assert stop.returncode == 0, stop.stderr
+        assert p.wait(60) == 75
+    finally:
+        kill_group(p)
+    [ended] = events(run_dir, "attempt_ended")
+    # Not "killed by SIGTERM" (the launcher's death) but the trainer's own preempt exit, passed on.
+    assert ended["kind"] == "preempted" and ended["exit_code"] == 75 and ended["signal"] is None, ended
+    [stopped] = events(run_dir, "stopped")
+    assert stopped["saved"] is True and stopped["step"] < 100  # its own preempt checkpoint, not a periodic one
 
 
 def test_stop_during_backoff_keeps_the_real_failure(run_dir):
