@@ -102,7 +102,7 @@ class Supervisor:
             procs.protect_from_oom()
             kill_leftover_trainer(self.rd, self.config.grace_period, self._tick)
             self.choice.persist_snapshot()
-            self.mirror.restore()   # a new node: the remote's newest checkpoint, if newer than ours
+            self.mirror.restore(before_download=self._prestart)   # a new node: imports during the download
             if self.config.memory_limit:
                 self._cgroup = MemoryCgroup.create(f"resilient-run-{os.getpid()}", self.config.memory_limit)
             self._events = HeartbeatEvents(self.rd.heartbeats, self.wakeup.wake)

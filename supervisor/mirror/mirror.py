@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from trainer_shim.rundir import (
     CheckpointInfo, Event, RunDir, checkpoint_roots, commit_age, iter_checkpoint_dirs, newest_valid, parse_checkpoint_name,
@@ -50,7 +50,9 @@ class Mirror:
             self._s3 = S3(self.url)
             self._s3.check()
 
-    def restore(self) -> None:
+    def restore(self, before_download: Callable[[], None]) -> None:
+        """A new node: download the remote's newest checkpoint if it is newer than ours; the
+        caller's `before_download` runs first (the first attempt's imports overlap the download)."""
         if self._s3 is None:
             return
         local = self._local_newest()
@@ -59,7 +61,8 @@ class Mirror:
             # unfinished there was left by a dead uploader.
             if self._s3.abort_unfinished_uploads():
                 say(f"mirror: aborted the unfinished uploads a previous supervisor left in {self._s3.url.url()}")
-            got = restore_newest(self._s3, self.rd.checkpoints, local.step if local else None, self._skip)
+            got = restore_newest(self._s3, self.rd.checkpoints, local.step if local else None, self._skip,
+                                 before_download)
         except MirrorError as e:   # the store went away since check(): train from what is here
             say(f"mirror: cannot look for a newer remote checkpoint: {e}")
             got = None

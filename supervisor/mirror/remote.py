@@ -15,7 +15,7 @@ import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from trainer_shim.rundir import CKPT_PREFIX, MANIFEST_NAME, Manifest, commit, parse_checkpoint_name, safe_member
 
@@ -92,13 +92,16 @@ def download_checkpoint(s3: S3, rc: RemoteCheckpoint, ckpt_root: Path) -> Path:
         raise
 
 
-def restore_newest(s3: S3, ckpt_root: Path, newer_than: Optional[int],
-                   on_skip: OnSkip) -> Optional[tuple[RemoteCheckpoint, Path, float]]:
+def restore_newest(s3: S3, ckpt_root: Path, newer_than: Optional[int], on_skip: OnSkip,
+                   before_download: Callable[[], None] = lambda: None) -> Optional[tuple[RemoteCheckpoint, Path, float]]:
     """The newest remote checkpoint newer than step `newer_than` that downloads verified, committed into
-    `ckpt_root`: (remote, local path, seconds); None when there is none. A failing one is skipped."""
+    `ckpt_root`: (remote, local path, seconds); None when there is none. A failing one is skipped.
+    `before_download` runs once, when a download is about to start."""
     for rc in list_remote(s3, on_skip):
         if newer_than is not None and rc.step <= newer_than:
             return None
+        before_download()
+        before_download = _nothing
         t0 = time.monotonic()
         try:
             path = download_checkpoint(s3, rc, ckpt_root)
@@ -107,6 +110,10 @@ def restore_newest(s3: S3, ckpt_root: Path, newer_than: Optional[int],
             continue
         return rc, path, time.monotonic() - t0
     return None
+
+
+def _nothing() -> None:
+    pass
 
 
 def fetch(url: str, into: Path, on_skip: Optional[OnSkip] = None) -> Path:

@@ -7,6 +7,7 @@ the partial checkpoint is never chosen; a bad bucket or bad credentials -> one l
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import shutil
@@ -54,9 +55,9 @@ def _copy_remote(server: S3Server, first: tuple[str, list[str]], bucket: str) ->
     return f"s3://{bucket}/toy"
 
 
-def _new_node(tmp_path: Path, server: S3Server, mirror: str) -> tuple[Path, Path]:
+def _new_node(tmp_path: Path, server: S3Server, mirror: str, *opts: str) -> tuple[Path, Path]:
     rd, out = tmp_path / "node-2", tmp_path / "weights.pt"
-    r = run_cli("--run-dir", str(rd), "--mirror", mirror, "--no-prestart", *FAST, TOY, "--out", str(out),
+    r = run_cli("--run-dir", str(rd), "--mirror", mirror, *(opts or ("--no-prestart",)), *FAST, TOY, "--out", str(out),
                 env=sup_env(**server.env()), timeout=180)
     assert r.returncode == 0, r.stderr[-3000:]
     return rd, out
@@ -64,11 +65,15 @@ def _new_node(tmp_path: Path, server: S3Server, mirror: str) -> tuple[Path, Path
 
 def test_new_node_resumes_from_the_remote_bit_exact(tmp_path, s3_server, bucket, first_node, monkeypatch):
     mirror = _copy_remote(s3_server, first_node, bucket)
-    rd, out = _new_node(tmp_path, s3_server, mirror)
+    rd, out = _new_node(tmp_path, s3_server, mirror, "--prestart")
     restored = events(rd, Event.CHECKPOINT_RESTORED_FROM_MIRROR)
     assert [e["step"] for e in restored] == [15]
     starts = events(rd, Event.ATTEMPT_STARTED)
     assert starts[0]["resume_from"] == str(RunDir(rd).checkpoint(15))
+    # The first attempt's interpreter was started before the download, so its imports overlapped it.
+    [first] = events(rd, Event.FIRST_STEP)
+    began, downloaded = (datetime.datetime.fromisoformat(t) for t in (first["process_start_time"], restored[0]["time"]))
+    assert starts[0]["warm"] and began < downloaded, (starts[0], first, restored)
     assert_equal_state(weights(out), reference(tmp_path), "new node's final weights vs the uninterrupted run")
     metrics = (rd / "metrics.prom").read_text()   # written last, after the final upload
     assert 'resilient_run_mirror_lag_seconds{run="node-2"} 0.0' in metrics
