@@ -1,7 +1,7 @@
 """Supervisor benchmarks, as ratios against a baseline measured side by side in this process.
 
-- kill -9 -> first training step of the next attempt, resilient-run ÷ torchrun --max-restarts
-  (same script, same shim, --backoff 0). Target <= 1.0.
+- early crash: kill -9 right after attempt 1's start -> first training step of the next attempt,
+  resilient-run ÷ torchrun --max-restarts (same script, same shim, --backoff 0). Target <= 0.5.
 - warm restart (single-process job): the same figure with attempt 1 training ~6 s before
   its kill -9 (time for the warm interpreter to import torch), ours ÷ torchrun on the same script
   and warm-up, with our cold path (--no-prestart) beside it. Target <= 0.5.
@@ -127,7 +127,9 @@ def main() -> None:
         took, bound = hang_bound(root / "hang")
         rss, cpu, bare_rss = idle_cost(root / "idle")
         rows = [
-            ("kill -9 -> next first step (median of 3)", f"{o:.3f}s vs torchrun {t:.3f}s", f"{o / t:.2f}", "<= 1.0"),
+            # Attempt 1 dies right after its start, while the standby started beside it may still import.
+            ("early crash: kill -9 -> next first step (median of 3)", f"{o:.3f}s vs torchrun {t:.3f}s", f"{o / t:.2f}",
+             "<= 0.5"),
             ("warm restart, 1 process: kill -9 -> next first step (median of 3)",
              f"{w_:.3f}s vs torchrun {t_:.3f}s", f"{w_ / t_:.2f}", "<= 0.5"),
             ("  same, ours cold (--no-prestart), for reference", f"{c_:.3f}s vs torchrun {t_:.3f}s", f"{c_ / t_:.2f}", "-"),
