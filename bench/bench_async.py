@@ -88,7 +88,7 @@ def bench_stall(tmp: Path, mb: int, rounds: int) -> dict[str, float]:
                             save_on_epoch_end=False, async_save=True, keep_last=2)
     res: dict[str, list[float]] = {"floor": [], "clone": [], "save": [], "ours": []}
     run.step()  # first save: creates the slot files (once per run)
-    run._fast.drain(600)
+    run.engine.fast.drain(600)
     f = tmp / "bare.pt"
 
     def bare_save() -> None:
@@ -101,10 +101,10 @@ def bench_stall(tmp: Path, mb: int, rounds: int) -> dict[str, float]:
         res["floor"].append(timed(lambda: [b.copy_(t) for b, t in zip(bufs, tensors)]))
         res["clone"].append(timed(lambda: [t.clone() for t in tensors]))
         res["save"].append(timed(bare_save))
-        run._fast.drain(600)
+        run.engine.fast.drain(600)
         res["ours"].append(timed(run.step))  # due: copy into the slot, hand over to the writer
-        run._fast.drain(600)
-    run._fast.slots.free()
+        run.engine.fast.drain(600)
+    run.engine.fast.slots.free()
     out = {k: statistics.median(v) for k, v in res.items()}
     out["bytes"] = sum(t.numel() * t.element_size() for t in tensors)
     return out
@@ -115,8 +115,8 @@ def bench_throughput(tmp: Path, mb: int, rounds: int) -> tuple[float, float]:
     model, opt = build(mb)
     run = trainer_shim.init(model=model, optimizer=opt, run_dir=tmp / "tput", save_on_epoch_end=False,
                             async_save=True, keep_last=2)
-    run._fast.save_async(CheckpointKind.STEP)  # warm the slot files
-    run._fast.drain(600)
+    run.engine.fast.save_async(CheckpointKind.STEP)  # warm the slot files
+    run.engine.fast.drain(600)
     quiet, busy = [], []
     for _ in range(rounds):
         t0, n = time.perf_counter(), 0
@@ -125,16 +125,16 @@ def bench_throughput(tmp: Path, mb: int, rounds: int) -> tuple[float, float]:
             run.step()
             n += 1
         quiet.append(n / (time.perf_counter() - t0))
-        run._fast.save_async(CheckpointKind.STEP)
+        run.engine.fast.save_async(CheckpointKind.STEP)
         t0, n = time.perf_counter(), 0
-        while run._fast._job is not None:
+        while run.engine.fast._job is not None:
             train_step(model, opt)
             run.step()
             n += 1
         if n >= 2:
             busy.append(n / (time.perf_counter() - t0))
-        run._fast.drain(600)
-    run._fast.slots.free()
+        run.engine.fast.drain(600)
+    run.engine.fast.slots.free()
     return statistics.median(quiet), (statistics.median(busy) if busy else float("nan"))
 
 
@@ -165,7 +165,7 @@ def bench_restore(tmp: Path, mb: int, rounds: int) -> tuple[dict[str, float], st
     torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, f)
     run = trainer_shim.init(model=model, optimizer=opt, run_dir=rd, memory_every_steps=1, save_on_epoch_end=False)
     line = f"restored step {run.global_step} from {run.resumed_from}"
-    run._fast.drain(600)  # the restored snapshot is persisted in the background: not during the timing
+    run.engine.fast.drain(600)  # the restored snapshot is persisted in the background: not during the timing
     res: dict[str, list[float]] = {"bare": [], "fresh": [], "live": []}
 
     def fresh() -> None:
@@ -193,7 +193,7 @@ def bench_restore(tmp: Path, mb: int, rounds: int) -> tuple[dict[str, float], st
         res["bare"].append(timed(lambda: torch.load(f, map_location="cpu", weights_only=True)))
         res["fresh"].append(timed(fresh))
         res["live"].append(timed(lambda: restoring._apply(run, slot, verify=True)))
-    run._fast.slots.free()
+    run.engine.fast.slots.free()
     snapshot_store.free(RunDir(rd).root)
     return {k: statistics.median(v) for k, v in res.items()}, line
 

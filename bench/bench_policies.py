@@ -35,7 +35,7 @@ def per_step_ns(steps: int, tensor: bool, base: Path) -> float:
     for _ in range(steps):
         run.step(loss=loss)
     dt = (time.perf_counter_ns() - t0) / steps
-    run._hb.stop()
+    run.engine.hb.stop()
     return dt
 
 

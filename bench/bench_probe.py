@@ -68,7 +68,7 @@ def main() -> None:
         probe.on_step()
         probe.on_batch(x)
     per_big = (time.perf_counter() - t0) / n
-    run._hb.stop()
+    run.engine.hb.stop()
     b, s = min(off), min(on)
     print(f"{'measure':<48}{'value':>22}{'target':>10}")
     print(f"{'README step, no-op probe -> probe':<48}{f'{b * 1e6:.1f} -> {s * 1e6:.1f} us':>22}")

@@ -76,7 +76,7 @@ def child(mode: str, mb: int, rd: str, f: str) -> None:
         ok = True
     print(json.dumps({"s": took, "ok": bool(ok), "dcp": "torch.distributed.checkpoint" in sys.modules}), flush=True)
     if mode == "ours":
-        run._fast.drain(600)   # the slot's background persist (a no-op once step-1 is on disk)
+        run.engine.fast.drain(600)   # the slot's background persist (a no-op once step-1 is on disk)
         os.kill(os.getpid(), signal.SIGKILL)  # leave the slot as a crash does: the next round restores it again
 
 

@@ -64,7 +64,7 @@ def bench_step(tmp: Path, steps: int, rounds: int = 7) -> tuple[float, float, fl
         run.step(loss=0.5)
         run._on_optimizer_step(opt, (), {})
     direct = (time.perf_counter() - t0) / n
-    run._hb.stop()
+    run.engine.hb.stop()
     # min over rounds: other processes on a shared 2-core box only ever add time
     return min(bare), min(with_shim), direct
 
@@ -100,7 +100,7 @@ def bench_save_restore(tmp: Path, mb: int, reps: int = 5) -> tuple[float, float,
         t0 = time.perf_counter()
         assert run.save() is not None
         dt = time.perf_counter() - t0
-        run._retention.join()  # rotation unlinks in the background; keep it out of the bare timing
+        run.engine.retention.join()  # rotation unlinks in the background; keep it out of the bare timing
         return dt
 
     for i in range(reps + 1):  # the first round only warms the page cache / allocator for both
@@ -111,7 +111,7 @@ def bench_save_restore(tmp: Path, mb: int, reps: int = 5) -> tuple[float, float,
             t_shim.append(shim_save())
             t_bare.append(bare_save(i))
     t_bare, t_shim = t_bare[1:], t_shim[1:]
-    run._hb.stop()
+    run.engine.hb.stop()
     # restore: full digest check + weights_only load of every member vs one bare torch.load
     info = rundir.newest_valid([rd / "checkpoints"])
     bare_file = bare_dir / "x.pt"
