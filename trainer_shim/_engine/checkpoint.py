@@ -19,6 +19,7 @@ from typing import Any, Optional
 import torch
 
 from . import raw_tensors
+from .writeback import Writeback
 from .. import rundir
 from ..errors import CheckpointError
 from ..rundir import CheckpointKind, FileEntry, Manifest
@@ -37,6 +38,7 @@ class HashingWriter:
         self.hasher = rundir.new_hasher()
         self.nbytes = 0
         self._progress = progress
+        self.writeback = Writeback(fd)
 
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
@@ -48,6 +50,7 @@ class HashingWriter:
                 n = os.write(self.fd, piece)
                 piece = piece[n:]
             self.nbytes += min(_CHUNK, total - start)
+            self.writeback.wrote(self.nbytes)
             if self._progress is not None:
                 self._progress(self.nbytes)
         return total
@@ -140,6 +143,7 @@ def check_plain(obj: Any, where: str) -> Any:
 
 def _write_file(path: Path, obj: Any, progress: Callable[[int], None]) -> FileEntry:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    w: Optional[HashingWriter] = None
     try:
         w = HashingWriter(fd, progress)
         try:
@@ -151,8 +155,10 @@ def _write_file(path: Path, obj: Any, progress: Callable[[int], None]) -> FileEn
             if isinstance(e.__context__, OSError):
                 raise e.__context__ from None
             raise
-        os.fsync(fd)
+        w.writeback.finish()  # the fsync, mostly done in the background while torch.save wrote
     finally:
+        if w is not None:
+            w.writeback.join()
         os.close(fd)
     return FileEntry(w.nbytes, w.digest())
 

@@ -66,7 +66,12 @@ class Retention:
             best = rotation.best_names(entries, self.keep_best)
             for n in idx:
                 idx[n]["is_best"] = n in best
-            rundir.atomic_write_json(self.rd.index, idx)
+            # Not fsynced while it names only the run dir's own checkpoints: selection trusts the dirs,
+            # never the index, and a lost update costs nothing (~4 fsyncs off every save). It must
+            # survive a power cut once it names a fallback dir: that is how checkpoint_roots finds it.
+            own = str(self.rd.checkpoints)
+            durable = any(os.path.dirname(str(e.get("dir", ""))) != own for e in idx.values())
+            rundir.atomic_write_json(self.rd.index, idx, durable=durable)
         except (OSError, TypeError, ValueError) as e:
             # The index is bookkeeping: losing an update must never stop training.
             say(f"warning: cannot write {self.rd.index}: {e}")
