@@ -19,7 +19,7 @@ from typing import Any, Optional
 import torch
 
 from . import raw_tensors
-from .writeback import Writeback
+from ..rundir.writeback import Writeback
 from .. import rundir
 from ..errors import CheckpointError
 from ..rundir import CheckpointKind, FileEntry, Manifest

@@ -23,6 +23,7 @@ One module per idea:
     manifest   MANIFEST.json, CheckpointKind, checkpoint validation
     selection  newest valid checkpoint, the `latest` link
     commit     the one commit protocol (tmp dir, hashed members, manifest last, rename), discard
+    writeback  a file flushed to disk in the background while it is written (the final fsync waits for the tail)
     index      checkpoint_metadata.json, checkpoint search roots
     frameworks HF Trainer / Lightning layouts: checkpoint-N dirs, extra roots, member names;
                auto-attach: the bootstrap dir, the callback options

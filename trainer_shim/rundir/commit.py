@@ -25,6 +25,7 @@ from .errors import InvalidCheckpoint
 from .layout import RUN_DIR_MODE, TMP_PREFIX
 from .manifest import MANIFEST_NAME, FileEntry, digest_file, new_hasher
 from .selection import repoint_latest
+from .writeback import Writeback
 
 __all__ = ["tmp_dir", "fresh_tmp_dir", "hash_tree", "commit_dir", "commit_in_place", "copy_member",
            "copy_verified", "discard"]
@@ -143,6 +144,7 @@ def copy_verified(src: Path, dst: Path, want: Optional[str], progress: Progress 
     view = memoryview(buf)
     with open(src, "rb", buffering=0) as f:
         fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        wb = Writeback(fd)
         try:
             while True:
                 got = f.readinto(buf)
@@ -153,9 +155,11 @@ def copy_verified(src: Path, dst: Path, want: Optional[str], progress: Progress 
                 while piece:
                     piece = piece[os.write(fd, piece):]
                 n += got
+                wb.wrote(n)
                 progress(base + n)
-            os.fsync(fd)
+            wb.finish()
         finally:
+            wb.join()
             os.close(fd)
     if want is not None and h.hexdigest() != want:
         raise InvalidCheckpoint(src.parent, f"{src.name} digest mismatch (changed in memory?)")
@@ -171,14 +175,17 @@ def _kernel_copy(src: Path, dst: Path, progress: Progress, base: int) -> int:
     n = 0
     with open(src, "rb", buffering=0) as f:
         fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        wb = Writeback(fd)
         try:
             while True:
                 got = os.copy_file_range(f.fileno(), fd, _COPY_CHUNK)
                 if not got:
                     break
                 n += got
+                wb.wrote(n)
                 progress(base + n)
-            os.fsync(fd)
+            wb.finish()
         finally:
+            wb.join()
             os.close(fd)
     return n

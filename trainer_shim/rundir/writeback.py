@@ -1,9 +1,9 @@
 """Write-back while writing: a checkpoint file is flushed to disk in the background as it grows.
 
-A verified save ends with fsync, which on its own waits for every byte the serializer produced.
-Here, each time another WRITEBACK_EVERY bytes have been written, a thread calls fdatasync on the
-file (it releases the GIL), so the disk works while torch.save keeps serialising and hashing; the
-final fsync only waits for the tail. Durability is unchanged (the final fsync still comes before
+A verified save (or a copy of a member: a memory snapshot persisted, a mirror download) ends with
+fsync, which on its own waits for every byte written. Here, each time another WRITEBACK_EVERY
+bytes have been written, a thread calls fdatasync on the file (it releases the GIL), so the disk
+works while the writer keeps serialising, hashing or copying; the final fsync only waits for the tail. Durability is unchanged (the final fsync still comes before
 the manifest). An error of a background flush is kept and raised by `finish()`: after a failed
 fsync, Linux may not report the same lost write to a later one.
 """
