@@ -26,16 +26,23 @@ def _rows(out: str) -> dict[str, str]:
     return rows
 
 
-def test_stop_then_status_says_stopped_resumable_not_preempted(run_dir):
-    p = start_cli("--run-dir", str(run_dir), "--heartbeat-timeout", "30", TOY, "--epochs", "50", "--save-every", "4",
-                  "--step-sleep", "0.05")
+def _stopped_at_step_6(run_dir, *command: str, while_running=lambda: None):
+    """Run the toy (`command` before it: a launcher), `while_running()` at step 6, then `resilient-run stop`."""
+    p = start_cli("--run-dir", str(run_dir), "--heartbeat-timeout", "30", *command, TOY, "--epochs", "50",
+                  "--save-every", "4" if not command else "100", "--step-sleep", "0.05")
     try:
         wait_until(lambda: (heartbeat(run_dir) or {}).get("step", 0) >= 6, timeout=90, what="step 6")
+        while_running()
         stop = run_cli("stop", str(run_dir), timeout=120)
         assert stop.returncode == 0, stop.stderr
         assert p.wait(60) == 75
     finally:
         kill_group(p)
+    return stop
+
+
+def test_stop_then_status_says_stopped_resumable_not_preempted(run_dir):
+    stop = _stopped_at_step_6(run_dir)
     [stopped] = events(run_dir, "stopped")
     assert stopped["saved"] is True
     want = f"stopped (resumable, checkpoint step {stopped['step']})"
@@ -56,20 +63,14 @@ def test_stop_then_status_says_stopped_resumable_not_preempted(run_dir):
 def test_stop_below_a_launcher_asks_the_trainer_not_the_launcher(run_dir):
     """`-- python launcher.py python toy_train.py` (a launcher as `swift sft` is one: it would die of
     SIGTERM at once): the stop goes to the trainer, which saves at once; the launcher passes its 75 on."""
-    p = start_cli("--run-dir", str(run_dir), "--heartbeat-timeout", "30", "--", sys.executable, LAUNCHER,
-                  sys.executable, TOY, "--epochs", "50", "--save-every", "100", "--step-sleep", "0.05")
-    try:
-        wait_until(lambda: (heartbeat(run_dir) or {}).get("step", 0) >= 6, timeout=90, what="step 6")
+    def pids_apart() -> None:
         js = json.loads(run_cli("status", str(run_dir), "--json").stdout)
         [started] = events(run_dir, "attempt_started")
         assert js["child_pid"] == started["pid"] and js["trainer_pid"] == heartbeat(run_dir)["pid"] != started["pid"]
         rows = dict(render.status_rows(read_status(open_run_dir(run_dir))))
         assert rows["launcher pid"] == str(started["pid"]) and rows["trainer pid"] == str(js["trainer_pid"])
-        stop = run_cli("stop", str(run_dir), timeout=120)
-        assert stop.returncode == 0, stop.stderr
-        assert p.wait(60) == 75
-    finally:
-        kill_group(p)
+
+    _stopped_at_step_6(run_dir, "--", sys.executable, LAUNCHER, sys.executable, while_running=pids_apart)
     [ended] = events(run_dir, "attempt_ended")
     # Not "killed by SIGTERM" (the launcher's death) but the trainer's own preempt exit, passed on.
     assert ended["kind"] == "preempted" and ended["exit_code"] == 75 and ended["signal"] is None, ended
