@@ -62,7 +62,8 @@ N_RANKS_EVERY = 10  # memory_every_steps="auto" with N ranks (no per-rank tuning
 SKIPPED_FIELD = "memory_snapshots_skipped"  # heartbeat field: due snapshots skipped (previous one still hashing)
 
 
-def _low_priority() -> None:
+def low_priority() -> None:
+    """The calling (writer) thread yields the CPU to training."""
     try:  # Linux: a thread's own nice value; training keeps the CPU it needs
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
     except (OSError, AttributeError):
@@ -277,7 +278,7 @@ class FastSaver(SlotRestore):
     # --- writer thread ---------------------------------------------------------------------------
 
     def _loop(self) -> None:
-        _low_priority()
+        low_priority()
         while True:
             with self._cv:
                 while self._job is None and not self._closed:
@@ -298,7 +299,7 @@ class FastSaver(SlotRestore):
 
     def _hash_loop(self) -> None:
         """Complete each filled memory snapshot: hash it, write its manifest last."""
-        _low_priority()
+        low_priority()
         while True:
             with self._cv:
                 while self._hashing is None and not self._closed:
