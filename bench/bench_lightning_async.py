@@ -38,7 +38,7 @@ from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 import lightning.pytorch as pl  # noqa: E402
 
-from bench.bench_async import HIDDEN, _verdict, state_tensors, timed  # noqa: E402
+from bench.bench_async import HIDDEN, print_table, state_tensors, timed  # noqa: E402
 from trainer_shim.integrations.lightning import ResilientCallback  # noqa: E402
 
 
@@ -121,9 +121,7 @@ def main() -> None:
         ("async stall per save / synchronous save", m["stall"] / m["sync"], "<= 0.2"),
         ("  (first async save of a run / synchronous save)", m["first"] / m["sync"], "-"),
     ]
-    print(f"{'figure':<60} {'ratio':>7}  goal")
-    for name, ratio, goal in rows:
-        print(f"{name:<60} {ratio:>7.3f}  {goal}{_verdict(ratio, goal)}")
+    print_table(rows, 60)
 
 
 if __name__ == "__main__":

@@ -24,8 +24,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from .._engine.async_save import DRAIN_GRACE, low_priority
+from .._engine.async_save import DRAIN_GRACE
 from .._engine.memory_snapshot import Staging
+from .._engine.writer import serve
 from ..rundir import LIGHTNING_CKPT
 from ._session import say
 
@@ -121,18 +122,13 @@ class BackgroundSaves:
         atexit.unregister(self.drain)
 
     def _loop(self) -> None:
-        low_priority()
-        while True:
-            with self._cv:
-                while self._job is None and not self._closed:
-                    self._cv.wait()
-                if self._job is None:
-                    return
-                job = self._job
-            try:
-                self._write(job)
-            except BaseException as e:  # `write` reports its own failures; never let the writer die silently
-                say(f"warning: background checkpoint writer: {type(e).__name__}: {e}")
-            with self._cv:
-                self._job = None
-                self._cv.notify_all()
+        serve(self._cv, lambda: self._job, lambda: self._closed, self._write_reported, self._job_done)
+
+    def _write_reported(self, job: Any) -> None:
+        try:
+            self._write(job)
+        except BaseException as e:  # `write` reports its own failures; never let the writer die silently
+            say(f"warning: background checkpoint writer: {type(e).__name__}: {e}")
+
+    def _job_done(self) -> None:
+        self._job = None
