@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 import threading
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,9 @@ import torch
 from tests.integrations.test_chains import _chain
 from tests.integrations.test_integrations import _needs
 from tests.support import events, heartbeat
-from trainer_shim.rundir import LIGHTNING_CKPT, Event, RunDir, checkpoint_name, tmp_dirs
+from trainer_shim.rundir import (
+    EXIT_PREEMPTED, LIGHTNING_CKPT, CheckpointKind, Event, RunDir, checkpoint_name, inspect_checkpoint, tmp_dirs,
+)
 
 HERE = Path(__file__).resolve().parent
 LIGHTNING_KEYS = {"state_dict", "optimizer_states", "loops"}
@@ -65,18 +68,27 @@ class _DiskFull:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
 
+@pytest.fixture
+def in_process(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """This process as an unsupervised Lightning job: no RESILIENT_* variable; what the job changes in
+    the environment is undone after the test. The Lightning example's module (build, pl)."""
+    for k in [k for k in os.environ if k.startswith("RESILIENT_")]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("PL_GLOBAL_SEED", "0")  # seed_everything sets it
+    pytest.importorskip("lightning")
+    import examples.lightning_train as example
+    return example
+
+
 @_needs("lightning")
 def test_a_due_save_waits_for_the_one_in_flight_and_nothing_is_claimed_before_its_commit(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, in_process: Any) -> None:
     """Step 5's write is held: at step 10 (due) nothing is committed nor claimed by the heartbeat, then
     both commit, in order. Step 15's write fails (ENOSPC): a `checkpoint_failed` event, training goes on
     and saves 20. The tensors of every save go into the same preallocated buffers."""
-    for k in [k for k in os.environ if k.startswith("RESILIENT_")]:
-        monkeypatch.delenv(k)
-    monkeypatch.setenv("PL_GLOBAL_SEED", "0")  # seed_everything sets it: restored after the test
-    from examples.lightning_train import build, pl
     from trainer_shim.integrations.lightning import ResilientCallback
 
+    build, pl = in_process.build, in_process.pl
     run = tmp_path / "run"
     gate, seen, buffers = threading.Event(), {}, []
     cb = ResilientCallback(save_every_steps=5, run_dir=run, keep_last=10, async_save=True)
@@ -118,3 +130,38 @@ def test_a_due_save_waits_for_the_one_in_flight_and_nothing_is_claimed_before_it
 def _names(run: Path) -> list[str]:
     """The checkpoint dirs, temp dirs included (`latest` is a link)."""
     return sorted(p.name for p in (run / "checkpoints").iterdir() if not p.is_symlink())
+
+
+@_needs("lightning")
+def test_sigterm_drains_the_background_write_before_the_preempt_save(tmp_path: Path, in_process: Any) -> None:
+    """Step 5's write is held; SIGTERM arrives at step 6, the writer is let go at that moment: the preempt
+    save (synchronous) begins only once step 5 is committed, then the process exits 75."""
+    from trainer_shim.integrations.lightning import ResilientCallback
+
+    run = tmp_path / "run"
+    gate, seen = threading.Event(), {}
+    cb = ResilientCallback(save_every_steps=5, run_dir=run, async_save=True)
+
+    class Probe(in_process.pl.Callback):  # before cb: its step-end hook runs before cb's stop check
+        def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict) -> None:
+            if trainer.global_step == 5:
+                checkpoint["probe"] = _Hold(gate)
+            else:  # the preempt save's dict is built on the training thread, after the drain
+                seen["preempt sees"] = _names(run)
+
+        def on_train_batch_end(self, trainer: Any, pl_module: Any, *args: Any) -> None:
+            if trainer.global_step == 6:
+                os.kill(os.getpid(), signal.SIGTERM)  # the callback's handler: save at this step's end, exit 75
+                gate.set()
+
+    model, loader, trainer = in_process.build(epochs=1, callbacks=[Probe(), cb], root=str(tmp_path))
+    try:
+        with pytest.raises(SystemExit) as ended:
+            trainer.fit(model, train_dataloaders=loader, ckpt_path=cb.resume_from())
+    finally:
+        gate.set()
+        cb.session.finish()  # exit_preempted leaves the process hooks to the exit; this process goes on
+    assert ended.value.code == EXIT_PREEMPTED
+    assert checkpoint_name(5) in seen["preempt sees"], seen
+    assert _names(run) == [checkpoint_name(5), checkpoint_name(6)]
+    assert inspect_checkpoint(run / "checkpoints" / checkpoint_name(6)).manifest.kind == CheckpointKind.PREEMPT
