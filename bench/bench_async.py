@@ -260,6 +260,13 @@ def _verdict(ratio: float, goal: str) -> str:
     return "  met" if ok else "  MISSED"
 
 
+def print_table(rows: list[tuple[str, float, str]], width: int) -> None:
+    """(figure, measured ratio, goal) rows under a header, each goal marked met or MISSED."""
+    print(f"{'figure':<{width}} {'ratio':>7}  goal")
+    for name, ratio, goal in rows:
+        print(f"{name:<{width}} {ratio:>7.3f}  {goal}{_verdict(ratio, goal)}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--mb", type=int, default=256)
@@ -299,9 +306,7 @@ def main() -> None:
             (f"DLRover load + load_state_dict / torch.load ({dl['apply']:.3f} s)", dl["apply"] / dl["bare"],
              "(unverified)"),
         ]
-    print(f"{'figure':<90} {'ratio':>7}  goal")
-    for name, ratio, goal in rows:
-        print(f"{name:<90} {ratio:>7.3f}  {goal}{_verdict(ratio, goal)}")
+    print_table(rows, 90)
     print(f"DLRover: {dl_note}" + ("" if dl is not None else "; its rows are skipped"))
 
 

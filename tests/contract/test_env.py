@@ -29,7 +29,8 @@ VALID = {
     ENV_DOCTOR: ("/tmp/d.jsonl", {"doctor_log": "/tmp/d.jsonl"}),
     ENV_DOCTOR_FAULTS: ("41:raise, 17", {"doctor_faults": ((17, FAULT_KILL), (41, FAULT_RAISE))}),
     ENV_DOCTOR_STEPS: ("60", {"doctor_steps": 60}),
-    ENV_CALLBACK: ('{"save_every_steps": 5, "keep_last": 2}', {"callback_options": (("keep_last", 2), ("save_every_steps", 5))}),
+    ENV_CALLBACK: ('{"save_every_steps": 5, "keep_last": 2, "async_save": true}',
+                   {"callback_options": (("async_save", True), ("keep_last", 2), ("save_every_steps", 5))}),
 }
 
 

@@ -5,6 +5,8 @@ at global step S (`kind@S/R`: only on rank R of a multi-rank job, RANK as torchr
   kill      SIGKILL at the end of step S (after the callbacks ran)
   truncate  truncate the largest file of the newest committed checkpoint, then SIGKILL (disk damage + kill)
   savekill  SIGKILL inside the framework's save at step S, before our manifest
+  writekill SIGKILL while the background writer thread writes step S's checkpoint file (async_save:
+            a value put into the checkpoint kills the process when the writer pickles it)
   hang      block forever inside the model's forward of step S+1 (a hung training_step)
   pause     hold step S's end until SIGTERM arrived (the test sends it), heartbeating, so the stop is seen there
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -56,9 +59,12 @@ class Faults:
                 s.hb.request()
                 time.sleep(0.05)
 
-    def in_save(self, step: int) -> None:
+    def in_save(self, step: int, checkpoint: Optional[dict] = None) -> None:
+        """Inside the framework's save; `checkpoint`: the dict it is about to write (Lightning)."""
         if self.at("savekill", step):
             os.kill(os.getpid(), signal.SIGKILL)
+        if checkpoint is not None and self.at("writekill", step):
+            checkpoint["rrtest_writekill"] = KillWhenWritten()
 
     def in_forward(self, *args: Any) -> None:
         if self.plan.get("hang") is not None and self.step == self.plan["hang"]:
@@ -74,3 +80,18 @@ class Faults:
         with open(p, "r+b") as f:
             f.truncate(p.stat().st_size // 2)
             os.fsync(f.fileno())
+
+
+class KillWhenWritten:
+    """SIGKILLs the process when pickled by a thread other than the training thread: the background
+    writer's torch.save, with the checkpoint's temp file created and half written. Pickled on the
+    training thread, the save was not in the background: that fails the attempt instead."""
+
+    def __deepcopy__(self, memo: dict) -> "KillWhenWritten":  # the training thread's copy of the dict
+        return self
+
+    def __reduce__(self) -> Any:
+        if threading.current_thread() is threading.main_thread():
+            raise AssertionError("writekill: the checkpoint was written on the training thread")
+        os.kill(os.getpid(), signal.SIGKILL)
+        raise AssertionError("writekill: still alive after SIGKILL")

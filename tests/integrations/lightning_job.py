@@ -22,7 +22,7 @@ class FaultCallback(pl.Callback):
         self.faults = faults
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint):  # inside trainer.save_checkpoint
-        self.faults.in_save(trainer.global_step)
+        self.faults.in_save(trainer.global_step, checkpoint)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         self.faults.after_step(trainer.global_step)
@@ -33,8 +33,9 @@ def main() -> None:
     p.add_argument("--out", required=True)
     # none: no resilient-run code (auto-attach adds the callback, the config its save_every_steps)
     p.add_argument("--callback", choices=("explicit", "none"), default="explicit")
+    p.add_argument("--async-save", action="store_true", help="ResilientCallback(async_save=True)")
     a = p.parse_args()
-    cb = ResilientCallback(save_every_steps=5) if a.callback == "explicit" else None
+    cb = ResilientCallback(save_every_steps=5, async_save=a.async_save) if a.callback == "explicit" else None
     faults = Faults(cb)
     # Under torchrun (WORLD_SIZE > 1): Lightning DDP with one process per rank; torchrun started them
     # all, so Lightning does not spawn.

@@ -17,4 +17,5 @@ Private: users rely only on what `trainer_shim` exports.
     sharded          DCP (FSDP2/DTensor) model and optimizer state
     slot_restore     restoring from memory snapshot slots (FastSaver's part the restore loop calls)
     snapshot_store   memory snapshot slots without torch: find, persist, free
+    writer           the body of a background writer thread holding one job at a time
 """

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
-import os
 import threading
 import time
 from pathlib import Path
@@ -44,6 +43,7 @@ from .memory_snapshot import SlotError, Slots
 from .slot_restore import SlotRestore
 from .._policies.memory_interval import AutoMemory
 from .._policies.save_interval import AUTO, mtbf_for
+from .writer import low_priority, serve
 from ..rundir import CheckpointInfo, CheckpointKind, Event, InvalidCheckpoint
 
 DRAIN_GRACE = 30.0  # seconds finish()/SIGTERM/exceptions wait for an in-flight save
@@ -60,13 +60,6 @@ class _Job:
 
 N_RANKS_EVERY = 10  # memory_every_steps="auto" with N ranks (no per-rank tuning: their steps must match)
 SKIPPED_FIELD = "memory_snapshots_skipped"  # heartbeat field: due snapshots skipped (previous one still hashing)
-
-
-def _low_priority() -> None:
-    try:  # Linux: a thread's own nice value; training keeps the CPU it needs
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
-    except (OSError, AttributeError):
-        pass
 
 
 class FastSaver(SlotRestore):
@@ -277,28 +270,23 @@ class FastSaver(SlotRestore):
     # --- writer thread ---------------------------------------------------------------------------
 
     def _loop(self) -> None:
-        _low_priority()
-        while True:
-            with self._cv:
-                while self._job is None and not self._closed:
-                    self._cv.wait()
-                if self._job is None:
-                    return
-                job = self._job
-            try:
-                self._run_job(job)
-            except CollectiveTimeout as e:  # a peer's writer is gone: this process must end too
-                self._fatal = e
-                self._fail(job, str(e))
-            except BaseException as e:  # never let the writer die silently
-                self._fail(job, f"{type(e).__name__}: {e}")
-            with self._cv:
-                self._job = None
-                self._cv.notify_all()
+        serve(self._cv, lambda: self._job, lambda: self._closed, self._run_reported, self._job_done)
+
+    def _run_reported(self, job: _Job) -> None:
+        try:
+            self._run_job(job)
+        except CollectiveTimeout as e:  # a peer's writer is gone: this process must end too
+            self._fatal = e
+            self._fail(job, str(e))
+        except BaseException as e:  # never let the writer die silently
+            self._fail(job, f"{type(e).__name__}: {e}")
+
+    def _job_done(self) -> None:
+        self._job = None
 
     def _hash_loop(self) -> None:
         """Complete each filled memory snapshot: hash it, write its manifest last."""
-        _low_priority()
+        low_priority()
         while True:
             with self._cv:
                 while self._hashing is None and not self._closed:

@@ -229,11 +229,11 @@ def load_file(ckpt_dir: Path, fname: str, into: Any = None) -> Any:
     tensors = raw_tensors.load(tpath, targets)
     if into is not None and same and all(t is targets.get(i) for i, t in enumerate(tensors)):
         return into
-    return _fill(obj, tensors)
+    return fill_refs(obj, tensors)
 
 
-def _fill(obj: Any, tensors: list) -> Any:
-    """Replace TENSOR_REF markers by tensors[i]."""
+def fill_refs(obj: Any, tensors: list) -> Any:
+    """`obj` with every TENSOR_REF marker i replaced by tensors[i] (the inverse of memory_snapshot.split)."""
     def leaf(v: Any) -> Any:
         if isinstance(v, str) and v.startswith(rundir.TENSOR_REF):
             return tensors[int(v[len(rundir.TENSOR_REF):])]

@@ -16,6 +16,7 @@ waits for; `finalize()` runs on a background thread (async_save.FastSaver).
 
 from __future__ import annotations
 
+import copy
 import mmap
 import os
 from pathlib import Path
@@ -68,8 +69,9 @@ def _write_new(path: Path, obj: Any) -> None:
 
 
 class Staging:
-    """Reusable private CPU buffers for the async path: run.step() pays one copy into them (the
-    floor), the writer thread moves them into a slot. One set: one save in flight at a time."""
+    """Reusable private CPU buffers for the async paths: run.step() (or the Lightning callback's
+    background save) pays one copy into them (the floor); the writer thread moves them into a slot
+    (or torch.saves them). One set: one save in flight at a time."""
 
     def __init__(self) -> None:
         self.bufs: dict[str, list] = {}
@@ -83,6 +85,16 @@ class Staging:
         with torch.no_grad():
             for dst, src in zip(self.bufs[name], tensors):
                 dst.copy_(src)
+
+    def copy_of(self, name: str, obj: Any) -> Any:
+        """`obj` whole (any nesting of dicts, lists and tuples: a framework's checkpoint dict) with every
+        tensor replaced by its copy in these buffers and every other leaf deep-copied, so the caller's
+        state may change right after while a writer thread saves the copy. The copy is valid until the
+        next `put`/`copy_of` of `name`."""
+        tensors: list = []
+        skeleton = copy.deepcopy(split(obj, tensors))  # only markers and small values: the tensors are split out
+        self.put(name, tensors)
+        return ckpt.fill_refs(skeleton, self.bufs[name])
 
 
 class Slot:

@@ -262,10 +262,12 @@ class Session:
         if seconds is not None:
             self.saves.add(seconds, manifest.kind, manifest.global_step, manifest.global_step)
 
-    def save_failed(self, path: Path, e: OSError, what: str) -> None:
-        """A checkpoint that did not commit: event and warning; training continues."""
-        self.event(Event.CHECKPOINT_FAILED, path=str(path), error=f"{e.strerror or e}")
-        say(f"warning: {what}: {e}; training continues")
+    def save_failed(self, path: Path, e: BaseException, what: str, **fields: Any) -> None:
+        """A checkpoint that did not commit (a storage error; in a background write anything): event
+        and warning; training continues."""
+        detail = (e.strerror or str(e)) if isinstance(e, OSError) else f"{type(e).__name__}: {e}"
+        self.event(Event.CHECKPOINT_FAILED, path=str(path), error=detail, **fields)
+        say(f"warning: {what}: {e if isinstance(e, OSError) else detail}; training continues")
 
     # --- stop ----------------------------------------------------------------------------------
 

@@ -7,13 +7,16 @@
 
 Checkpoints are Lightning's own (``trainer.save_checkpoint``) written into
 ``checkpoints/.tmp-step-N/``, fsynced, hashed into MANIFEST.json and renamed to ``step-N/``:
-the native shim's atomic, verified layout. The train loader is wrapped so Lightning sees it as
+the native shim's atomic, verified layout. ``async_save=True`` (one process): a step save copies
+Lightning's checkpoint dict into reusable buffers and a writer thread writes and commits it
+(``_lightning_async``). The train loader is wrapped so Lightning sees it as
 resumable (``_resumable.ResumableLoader``): a mid-epoch resume continues with the same next batch
 and the same RNG state, which Lightning alone does not give for a plain shuffled DataLoader.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 import shutil
@@ -22,7 +25,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .. import rundir
-from ..rundir import LIGHTNING_CKPT, CheckpointKind, Manifest, Phase
+from .._engine.checkpoint import write_member
+from ..rundir import LIGHTNING_CKPT, CheckpointKind, FileEntry, Manifest, Phase
+from ._lightning_async import BackgroundSaves
 from ._resumable import ResumableLoader
 from ._doctor import FrameworkDoctor
 from ._session import Session, say
@@ -48,11 +53,33 @@ if not _BASES:  # pragma: no cover
 __all__ = ["ResilientCallback"]
 
 
+@dataclasses.dataclass(frozen=True)
+class _Position:
+    """Where training stood when a save began: what its manifest records (a background commit runs
+    steps later), and when (`t0`: the start of the training thread's stall)."""
+
+    step: int
+    epoch: int
+    batch: int
+    loss: Optional[float]
+    t0: float
+
+
+@dataclasses.dataclass(frozen=True)
+class _Job:
+    """A background save: the copy of Lightning's checkpoint dict and where it goes."""
+
+    state: Any
+    final: Path
+    pos: _Position
+
+
 class _Resilient:
     """The callback's behaviour; combined below with every installed Lightning's Callback base."""
 
     def __init__(self, save_every_steps: Optional[int] = None, *, run_dir: Optional[os.PathLike | str] = None,
-                 keep_last: int = 3, save_on_train_end: bool = True, heartbeat_interval: float = 1.0) -> None:
+                 keep_last: int = 3, save_on_train_end: bool = True, heartbeat_interval: float = 1.0,
+                 async_save: bool = False) -> None:
         if save_every_steps is not None and save_every_steps < 1:
             raise ValueError(f"save_every_steps must be >= 1, not {save_every_steps}")
         self.save_every_steps = save_every_steps
@@ -60,6 +87,8 @@ class _Resilient:
         self.keep_last = keep_last
         self.save_on_train_end = save_on_train_end
         self.heartbeat_interval = heartbeat_interval
+        self.async_save = async_save  # as init(async_save=True): step saves written by a background thread
+        self._background: Optional[BackgroundSaves] = None
         self.session: Optional[Session] = None
         self._loader: Optional[ResumableLoader] = None
         self._saved_step: Optional[int] = None
@@ -87,6 +116,7 @@ class _Resilient:
         if stage != "fit":
             return
         self._start(trainer.default_root_dir)
+        self._start_background(trainer)
         source = trainer.fit_loop._data_source
         request = source.dataloader
 
@@ -153,29 +183,60 @@ class _Resilient:
             return
         if self.save_on_train_end and trainer.global_step != self._saved_step:
             self._save(trainer, CheckpointKind.FINAL)
+        self._stop_background()  # the step save in flight, when no final save drained it
         self.session.finish()
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        self._stop_background()  # the save in flight still commits before the process ends
 
     # --- save ----------------------------------------------------------------------------------
 
+    def _start_background(self, trainer: Any) -> None:
+        if not self.async_save or self._background is not None:
+            return
+        if trainer.world_size > 1:  # Lightning's save is collective: every rank's part of it would need a writer
+            if trainer.is_global_zero:
+                say(f"warning: async_save is single-process only for Lightning; this job ({trainer.world_size} "
+                    "ranks) saves synchronously")
+            return
+        self._background = BackgroundSaves(self._write_background)
+
+    def _stop_background(self) -> None:
+        if self._background is not None:
+            self._background.close()
+            self._background = None
+
     def _save(self, trainer: Any, kind: CheckpointKind) -> Optional[Path]:
         """Collective (every rank calls it at the same step): Lightning's save, a barrier, then global
-        zero alone commits. The checkpoint path on rank 0, None elsewhere or when the save failed."""
+        zero alone commits. The checkpoint path on rank 0 (None elsewhere, when the save failed or
+        when it was handed to the background writer)."""
         s = self.session
         assert s is not None
+        if self._background is not None and kind is CheckpointKind.STEP:
+            self._background.wait()  # one save in flight at most: a due step save waits for it
+        elif self._background is not None:
+            self._background.drain()  # the process may end after a preempt/final save: bounded
         step = trainer.global_step
         final = s.rd.checkpoint(step)
         if final.exists():  # every rank sees the same: rank 0 renames only after the barrier below
             self._saved_step = step
             return final
-        t0 = time.monotonic()
+        pos = _Position(step, trainer.current_epoch, self._loader.batches if self._loader is not None else 0,
+                        s.hb.fields.get("loss"), time.monotonic())
+        if self._background is not None and kind is CheckpointKind.STEP:
+            return self._save_background(trainer, final, pos)
         s.hb.begin_save()
         ok = self._write(trainer, final)
         s.sync("every rank's checkpoint files written")
-        if not trainer.is_global_zero:
+        if not trainer.is_global_zero:  # rank 0 commits after the barrier
             self._saved_step = step
-            s.hb.end_save(checkpoint_step=step if ok else None)
+            s.hb.end_save(**({"checkpoint_step": step} if ok else {}))
             return None
-        return self._commit(trainer, final, kind, t0) if ok else None
+        path = self._commit(final, pos, kind) if ok else None
+        if path is not None:
+            self._saved_step = step
+        s.hb.end_save(**({"checkpoint_step": step} if path is not None else {}))  # a failed save claims nothing
+        return path
 
     def _write(self, trainer: Any, final: Path) -> bool:
         """Lightning's own checkpoint (collective: global zero writes the file) into the temp dir."""
@@ -190,28 +251,62 @@ class _Resilient:
         except OSError as e:
             shutil.rmtree(tmp, ignore_errors=True)
             s.save_failed(final, e, f"checkpoint at step {trainer.global_step} failed")
-            s.hb.end_save()
             return False
 
-    def _commit(self, trainer: Any, final: Path, kind: CheckpointKind, t0: float) -> Optional[Path]:
-        """Global zero: manifest, rename into place, `latest`, index and rotation."""
+    def _save_background(self, trainer: Any, final: Path, pos: _Position) -> Optional[Path]:
+        """Training thread, one process: Lightning's checkpoint dict copied into the staging buffers and
+        handed to the writer thread (`_write_background`). The training stall is this copy alone."""
+        s = self.session
+        assert s is not None and self._background is not None
+        tmp = rundir.commit.fresh_tmp_dir(s.rd.checkpoints, final.name)
+        try:
+            state = self._background.copy_checkpoint(trainer, tmp / LIGHTNING_CKPT)
+        except OSError as e:  # only a synchronous fallback writes here (see copy_checkpoint)
+            shutil.rmtree(tmp, ignore_errors=True)
+            s.save_failed(final, e, f"checkpoint at step {pos.step} failed")
+            return None
+        self._saved_step = pos.step
+        if state is None:  # written synchronously after all: commit it here
+            return self._commit(final, pos, CheckpointKind.STEP)
+        # Reported now, as native async saves are: when the save returns control to training.
+        s.saves.add(time.monotonic() - pos.t0, CheckpointKind.STEP, pos.step, s.checkpoint_step)
+        self._background.submit(_Job(state, final, pos))
+        return None
+
+    def _write_background(self, job: _Job) -> None:
+        """Writer thread: the copy as Lightning's `.ckpt` into the temp dir (hashed as it is written,
+        fsynced), then the synchronous save's commit; the heartbeat's checkpoint_step only after it."""
         s = self.session
         assert s is not None
-        step = trainer.global_step
+        tmp = rundir.commit.tmp_dir(s.rd.checkpoints, job.final.name)
+        try:
+            size, digest = write_member(tmp, LIGHTNING_CKPT, job.state)
+        except BaseException as e:  # a failed save, whatever the reason: training continues
+            shutil.rmtree(tmp, ignore_errors=True)
+            s.save_failed(job.final, e, f"background checkpoint at step {job.pos.step} failed", background=True)
+            self._saved_step = None  # not saved after all: a final save at this step is still due
+            return
+        if self._commit(job.final, job.pos, CheckpointKind.STEP, {LIGHTNING_CKPT: FileEntry(size, digest)}) is None:
+            self._saved_step = None
+
+    def _commit(self, final: Path, pos: _Position, kind: CheckpointKind,
+                files: Optional[dict[str, FileEntry]] = None) -> Optional[Path]:
+        """Global zero: manifest, rename into place, `latest`, index and rotation. `files`: the members'
+        entries when the writer hashed them as it wrote (a background save, whose stall was reported
+        when it returned to training); else the temp dir is hashed here and the whole save timed."""
+        s = self.session
+        assert s is not None
         tmp = rundir.commit.tmp_dir(s.rd.checkpoints, final.name)
         try:
-            batch = self._loader.batches if self._loader is not None else 0
-            manifest = Manifest.create(rundir.commit.hash_tree(tmp), step=step, epoch=trainer.current_epoch,
-                                       batch_in_epoch=batch, kind=kind, loss=s.hb.fields.get("loss"))
+            manifest = Manifest.create(files if files is not None else rundir.commit.hash_tree(tmp), step=pos.step,
+                                       epoch=pos.epoch, batch_in_epoch=pos.batch, kind=kind, loss=pos.loss)
             rundir.commit.commit_dir(tmp, final, manifest.to_bytes(), repoint=False)  # `latest`: s.committed
         except OSError as e:
             shutil.rmtree(tmp, ignore_errors=True)
-            s.save_failed(final, e, f"checkpoint at step {step} failed")
-            s.hb.end_save()
+            s.save_failed(final, e, f"checkpoint at step {pos.step} failed", **({"background": True} if files else {}))
             return None
-        s.committed(final, manifest, rundir.checkpoint_roots(s.rd), seconds=time.monotonic() - t0)
-        self._saved_step = step
-        s.hb.end_save(checkpoint_step=step)
+        s.committed(final, manifest, rundir.checkpoint_roots(s.rd),
+                    seconds=None if files is not None else time.monotonic() - pos.t0)
         return final
 
 

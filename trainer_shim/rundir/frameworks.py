@@ -47,9 +47,9 @@ LIGHTNING_CKPT = "lightning.ckpt"
 ATTACH_DIR = Path(__file__).resolve().parents[1] / "_attach"
 
 # The options of an auto-attached callback (the config's `callback:` mapping) and their types;
-# each framework's callback takes those of its constructor (save_every_steps: Lightning only).
+# each framework's callback takes those of its constructor (all but heartbeat_interval: Lightning only).
 CALLBACK_OPTIONS: dict[str, type] = {"save_every_steps": int, "keep_last": int, "save_on_train_end": bool,
-                                     "heartbeat_interval": float}
+                                     "heartbeat_interval": float, "async_save": bool}
 
 
 def parse_callback_options(value: object) -> tuple[tuple[str, object], ...]:
