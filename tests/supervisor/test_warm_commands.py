@@ -1,14 +1,13 @@
 """Warm restarts of `-- python -m MODULE` and of console scripts of our Python; any other interpreter
 (another venv's python, `sh -c`) restarts cold (supervisor/process/warmable.py has the rule).
 
-A warm case kills attempt 1 with SIGKILL once the standby for attempt 2 says its imports are done (its
-ready file, polled) and attempt 1 is past its first checkpoint: attempt 2 must then run in that
-interpreter (`warm`, `warm_ready`), and the final weights equal an uninterrupted run's."""
+A warm case kills attempt 1 with SIGKILL once the standby for attempt 2 says its imports are done
+(helpers.warm_run): attempt 2 must then run in that interpreter (`warm`, `warm_ready`), and the final
+weights equal an uninterrupted run's. The HF Trainer variant is in test_warm_commands_long.py."""
 
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 from pathlib import Path
 
@@ -17,9 +16,9 @@ import pytest
 from supervisor.process.warmable import STANDBY_MODULE, WARM_MODULE, standby_route
 from tests.conftest import PYTHON
 from tests.faults.common import assert_bit_exact, reference
-from trainer_shim.rundir import Event, RunDir, read_warm_ready
+from trainer_shim.rundir import Event, RunDir
 
-from .helpers import ended_kinds, events, heartbeat, kill_group, no_standby_left, run_cli, start_cli, sup_env, wait_until
+from .helpers import ended_kinds, events, no_standby_left, run_cli, sup_env, warm_run
 
 TOY_MODULE = "tests.jobs.toy_train"
 # Attempt 1 only (TOY_STEP_SLEEP_ATTEMPT): 36 steps of 0.5 s leave its standby time to import torch
@@ -35,31 +34,10 @@ if __name__ == "__main__":
 FAIL_ONCE = "import os, sys; sys.exit(1 if os.environ['RESILIENT_ATTEMPT'] == '1' else 0)"
 
 
-def _kill_once_warm(rd: Path, p: subprocess.Popen, imported: tuple[str, ...]) -> None:
-    """SIGKILL attempt 1 once attempt 2's warm interpreter has imported torch and `imported`, and
-    attempt 1 has passed step 5 (its first checkpoint)."""
-    def ready() -> bool:
-        mods = read_warm_ready(RunDir(rd).warm_ready(2))
-        return (p.poll() is None and mods is not None and set(imported) <= set(mods)
-                and ((heartbeat(rd) or {}).get("step") or 0) > 5)
-
-    wait_until(ready, timeout=90, what=f"attempt 2's warm interpreter with {imported or 'torch'} imported")
-    os.kill(events(rd, Event.ATTEMPT_STARTED)[0]["pid"], signal.SIGKILL)
-
-
-def _warm_run(tmp_path: Path, name: str, command: list[str], env: dict, imported: tuple[str, ...] = ()) -> Path:
+def _toy_warm_run(tmp_path: Path, name: str, command: list[str], env: dict, imported: tuple[str, ...] = ()) -> Path:
+    """The toy job's `command` under the supervisor, killed once warm (helpers.warm_run); bit-exact."""
     rd, out = tmp_path / name, tmp_path / f"{name}.pt"
-    p = start_cli("--run-dir", str(rd), "--backoff", "0", "--", *command, "--out", str(out), *SLOW, env=env,
-                  cwd=tmp_path)
-    try:
-        _kill_once_warm(rd, p, imported)
-        _, err = p.communicate(timeout=120)
-    finally:
-        kill_group(p)
-    assert p.returncode == 0, err[-3000:]
-    assert ended_kinds(rd) == ["signal", "success"]
-    started = events(rd, Event.ATTEMPT_STARTED)
-    assert [(e["warm"], e["warm_ready"]) for e in started] == [(False, False), (True, True)], started
+    warm_run(rd, [*command, "--out", str(out), *SLOW], env, cwd=tmp_path, imported=imported)
     assert_bit_exact(out, reference(tmp_path))
     no_standby_left(str(out))
     return rd
@@ -69,7 +47,7 @@ def test_python_m_restarts_warm_with_the_frameworks_the_attempt_imported(tmp_pat
     """`-- python -m MODULE`: attempt 1 imports `transformers` (one of the recorded frameworks) and
     records it at its first step; the standby imports it too, and attempt 2 finds it imported."""
     env = sup_env(TOY_STEP_SLEEP_ATTEMPT="1", TOY_IMPORT="transformers")
-    rd = _warm_run(tmp_path, "module", [PYTHON, "-m", TOY_MODULE], env, imported=("transformers",))
+    rd = _toy_warm_run(tmp_path, "module", [PYTHON, "-m", TOY_MODULE], env, imported=("transformers",))
     assert [e["preloaded"] for e in events(rd, Event.ATTEMPT_STARTED)] == [[], ["transformers"]]
     logs = [RunDir(rd).attempt_log(n).read_text() for n in (1, 2)]
     assert "toy_train: transformers imported now" in logs[0]
@@ -83,7 +61,7 @@ def test_a_console_script_of_our_python_restarts_warm(tmp_path):
     (bin_dir / "toy-train").write_text(CONSOLE_SCRIPT)
     (bin_dir / "toy-train").chmod(0o755)
     env = sup_env(TOY_STEP_SLEEP_ATTEMPT="1", PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    rd = _warm_run(tmp_path, "console", ["toy-train"], env)
+    rd = _toy_warm_run(tmp_path, "console", ["toy-train"], env)
     assert [e["preloaded"] for e in events(rd, Event.ATTEMPT_STARTED)] == [[], []]
 
 
