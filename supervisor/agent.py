@@ -33,7 +33,7 @@ from .insight.metrics import collect, write_textfile
 from .insight.notify import Notifier
 from .decisions.policy import Action, RestartPolicy
 from .process.launch import torchrun_options
-from .process.prestart import Prestarter
+from .process.prestart import Prestarter, standby_fields
 from .insight.progress import CostCache
 from .decisions.smart_restarts import SmartRestarts
 from .process.wakeup import Wakeup
@@ -262,7 +262,7 @@ class Supervisor:
                    + (", prestarted" if sb else "") + f"), resuming from {chosen or 'scratch'}")
         self.state = State.RUNNING
         self._emit(Event.ATTEMPT_STARTED, pid=child.pid, resume_from=chosen, command=list(self.smart.command),
-                   prestarted=sb is not None, warm=sb is not None and sb.warm, warm_ready=sb is not None and sb.ready)
+                   **standby_fields(sb))
         self.journal.write_state()
         say(f"attempt {n} started (pid {child.pid}), " + (f"resuming from {chosen}" if chosen else "starting fresh"))
         self.notifier.status(self._status_line())

@@ -52,7 +52,7 @@ class Config:
     node_rank: Optional[int] = None
     rdzv_endpoint: Optional[str] = None
     prestart: bool = True             # torchrun / python SCRIPT.py jobs: start the next attempt's launcher ahead of need
-    preload: tuple[str, ...] = ()     # modules a warm interpreter (SCRIPT.py jobs) imports besides torch
+    preload: tuple[str, ...] = ()     # modules a warm interpreter (Python jobs) imports besides torch
     divergence_window: int = 200      # a `diverged` attempt this many steps after its resume poisons that checkpoint
     strict_resume: bool = False       # a provenance mismatch on resume is an exit-2 refusal, not a warning
     policy: tuple = ()                # failure_policy.KindRule per failure kind (the YAML `policy:` section)

@@ -10,4 +10,5 @@
     snapshots  persist a memory snapshot newer than the disk before any choice
     stopping   `stop`: SIGTERM a live supervisor and wait for it
     wakeup     self-pipe + signal queue the loop sleeps on
+    warmable   which commands restart warm (python SCRIPT.py, -m MODULE, a console script, torchrun)
 """

@@ -19,13 +19,10 @@ from typing import Optional, Sequence
 from trainer_shim.rundir import ATTACH_DIR, ENV_CALLBACK
 
 from ..errors import ConfigError
+from .warmable import TORCHRUN_MODULE
 
 __all__ = ["torchrun_command", "ProcessFailure", "parse_torchrun_failure", "RendezvousFailure", "parse_rendezvous_failure",
-           "TorchrunOptions", "torchrun_options", "standby_command", "is_python_script", "attach_environ"]
-
-_TORCHRUN_MODULE = "torch.distributed.run"
-STANDBY_MODULE = "trainer_shim._launch.standby"
-WARM_MODULE = "trainer_shim._launch.warm"
+           "TorchrunOptions", "torchrun_options", "attach_environ"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,7 +39,7 @@ def torchrun_options(command: Sequence[str]) -> Optional[TorchrunOptions]:
     argv = list(command)
     if argv and os.path.basename(argv[0]) == "torchrun":
         rest = argv[1:]
-    elif len(argv) >= 3 and argv[1] == "-m" and argv[2] in ("torch.distributed.run", "torch.distributed.launch"):
+    elif len(argv) >= 3 and argv[1] == "-m" and argv[2] in (TORCHRUN_MODULE, "torch.distributed.launch"):
         rest = argv[3:]
     else:
         return None
@@ -86,7 +83,7 @@ def torchrun_command(
     python: str = sys.executable,
 ) -> tuple[str, ...]:
     """argv running `script args` on nproc_per_node local ranks (and nnodes nodes when > 1)."""
-    cmd = [python, "-m", _TORCHRUN_MODULE, "--max-restarts", "0", "--nproc-per-node", str(nproc_per_node)]
+    cmd = [python, "-m", TORCHRUN_MODULE, "--max-restarts", "0", "--nproc-per-node", str(nproc_per_node)]
     if (nnodes or 1) <= 1:
         if rdzv_endpoint or (node_rank or 0) != 0:
             raise ConfigError("rdzv_endpoint/node_rank need nnodes > 1; a single node uses --standalone")
@@ -103,18 +100,6 @@ def torchrun_command(
         cmd += ["--nnodes", str(nnodes), "--node-rank", str(node_rank), "--rdzv-backend", "c10d",
                 "--rdzv-endpoint", rdzv_endpoint, "--rdzv-id", rdzv_id]
     return (*cmd, script, *args)
-
-
-def standby_command(command: Sequence[str], preload: Sequence[str] = ()) -> Optional[tuple[str, ...]]:
-    """The argv of a standby for `command` under our own Python (where trainer_shim is importable):
-    a prestarted torchrun for `python -m torch.distributed.run ...`, a warm interpreter (torch and
-    `preload` imported) for `python SCRIPT.py ARGS...`; None for any other command: it starts cold."""
-    if len(command) >= 3 and command[0] == sys.executable and tuple(command[1:3]) == ("-m", _TORCHRUN_MODULE):
-        return (command[0], "-m", STANDBY_MODULE, *command[3:])
-    if is_python_script(command):
-        opts = (f"--preload={','.join(preload)}",) if preload else ()
-        return (command[0], "-m", WARM_MODULE, *opts, *command[1:])
-    return None
 
 
 def attach_environ(env: dict[str, str], on: bool, callback: Sequence[tuple[str, object]] = ()) -> dict[str, str]:
@@ -136,12 +121,6 @@ def attach_environ(env: dict[str, str], on: bool, callback: Sequence[tuple[str, 
     else:
         env.pop(ENV_CALLBACK, None)
     return env
-
-
-def is_python_script(command: Sequence[str]) -> bool:
-    """True for `python SCRIPT.py ARGS...` under our own Python (no interpreter options before the script)."""
-    return len(command) >= 2 and command[0] == sys.executable and command[1].endswith(".py") \
-        and not command[1].startswith("-")
 
 
 # torchrun's failure summary (torch.distributed.elastic ChildFailedError), e.g.

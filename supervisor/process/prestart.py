@@ -1,9 +1,11 @@
 """The next attempt's launcher, started ahead of need so that a restart does not wait for imports.
 
-For a torchrun job it is a prestarted torchrun (trainer_shim._launch.standby); for `python SCRIPT.py` a
-warm interpreter with torch and `--preload` modules imported (trainer_shim._launch.warm). Either waits on
-its stdin for one `StandbyMessage` (the attempt's environment) and is then attempt N; its log
-is logs/standby-N.log until then, so an idle standby is never mistaken for an attempt.
+For a torchrun job it is a prestarted torchrun (trainer_shim._launch.standby); for `python SCRIPT.py`,
+`python -m MODULE` and a console script of our Python a warm interpreter with torch, the `--preload`
+modules and the frameworks the running attempt recorded imported (trainer_shim._launch.warm); which
+command gets which: warmable.py. Either waits on its stdin for one `StandbyMessage` (the attempt's
+environment) and is then attempt N; its log is logs/standby-N.log until then, so an idle standby is
+never mistaken for an attempt.
 """
 
 from __future__ import annotations
@@ -11,17 +13,17 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import psutil
 
-from trainer_shim.rundir import RunDir, StandbyMessage
+from trainer_shim.rundir import RunDir, StandbyMessage, read_warm_ready
 
 from . import procs
-from .launch import is_python_script, standby_command
+from .warmable import standby_route
 from ..messages import say
 
-__all__ = ["Standby", "Prestarter", "WARM_MEMORY_FACTOR", "WARM_MEMORY_FLOOR"]
+__all__ = ["Standby", "Prestarter", "standby_fields", "WARM_MEMORY_FACTOR", "WARM_MEMORY_FLOOR"]
 
 # A warm interpreter for a single-process job is prestarted only while MemAvailable >=
 # WARM_MEMORY_FACTOR x the running attempt's peak RSS (its process tree), and at least
@@ -39,6 +41,13 @@ class Standby:
     child: procs.Child
     warm: bool = False   # a warm interpreter (trainer_shim._launch.warm) rather than a prestarted torchrun
     ready: bool = False  # a warm one had finished its imports when it was handed its attempt
+    preloaded: tuple[str, ...] = ()  # ... and these modules besides torch and the shim (--preload, frameworks)
+
+
+def standby_fields(sb: Optional[Standby]) -> dict[str, Any]:
+    """attempt_started's fields about the standby that became the attempt (none: a cold start)."""
+    return {"prestarted": sb is not None, "warm": sb is not None and sb.warm, "warm_ready": sb is not None and sb.ready,
+            "preloaded": list(sb.preloaded) if sb is not None else []}
 
 
 class Prestarter:
@@ -55,27 +64,29 @@ class Prestarter:
 
     def start(self, command: Sequence[str], n: int, env: dict[str, str], peak_rss: int) -> None:
         """Prestart attempt n's launcher for `command` (no-op when one exists or none applies)."""
-        argv = standby_command(command, self.preload)
-        if argv is None or self.standby is not None:
+        if self.standby is not None:
             return
-        warm = is_python_script(command)
-        self.peak_rss = max(self.peak_rss, peak_rss)
-        if warm and not self._memory_for_warm(self.peak_rss):
+        route = standby_route(command, path=env.get("PATH"), cwd=self.working_dir)
+        if route is None:
             return
-        if warm:  # the file says its imports are done (a restart before that still uses it: it is ahead of a cold start)
-            argv = (*argv[:3], f"--ready={self._ready_file(n)}", *argv[3:])
+        options: tuple[str, ...] = ()
+        if route.warm:
+            self.peak_rss = max(self.peak_rss, peak_rss)
+            if not self._memory_for_warm(self.peak_rss):
+                return
+            # The ready file says its imports are done (a restart before that still uses it: it is ahead
+            # of a cold start); the frameworks record says what the running attempt imported.
+            options = ((f"--preload={','.join(self.preload)}",) if self.preload else ()) + (
+                f"--ready={self.rd.warm_ready(n)}", f"--frameworks={self.rd.frameworks}")
         log_path = self.rd.standby_log(n)
         log_path.unlink(missing_ok=True)  # an idle standby's log left by a killed supervisor: never an attempt's
         try:  # the attempt's own variables come over the pipe when it is needed
-            child = procs.spawn(argv, env=env, cwd=self.working_dir, log_path=log_path, stdin_pipe=True)
+            child = procs.spawn(route.argv(*options), env=env, cwd=self.working_dir, log_path=log_path,
+                                stdin_pipe=True)
         except OSError as e:
             say(f"cannot prestart the next attempt's launcher ({e.strerror or e}); restarts start it cold")
             return
-        self.standby = Standby(n, child, warm=warm)
-
-    def _ready_file(self, n: int) -> Path:
-        log = self.rd.attempt_log(n)
-        return log.with_name(log.name + ".warm-ready")
+        self.standby = Standby(n, child, warm=route.warm)
 
     def _memory_for_warm(self, peak_rss: int) -> bool:
         """The rule of WARM_MEMORY_FACTOR: is there room for an idle warm interpreter?"""
@@ -114,9 +125,9 @@ class Prestarter:
             return None
         self.standby = None
         if sb.warm:
-            ready_file = self._ready_file(sb.number)
-            sb.ready = ready_file.exists()
-            ready_file.unlink(missing_ok=True)
+            preloaded = read_warm_ready(self.rd.warm_ready(sb.number))
+            sb.ready, sb.preloaded = preloaded is not None, preloaded or ()
+            self.rd.warm_ready(sb.number).unlink(missing_ok=True)
         try:  # from now on it is attempt N: its log takes the attempt's name (the open fd follows the rename)
             os.replace(sb.child.log_path, self.rd.attempt_log(sb.number))
             sb.child.log_path = self.rd.attempt_log(sb.number)
@@ -130,7 +141,7 @@ class Prestarter:
         if sb is None:
             return
         if sb.warm:
-            self._ready_file(sb.number).unlink(missing_ok=True)
+            self.rd.warm_ready(sb.number).unlink(missing_ok=True)
         procs.kill_tree(sb.child.pid, grace=0, tick=self._tick, reap=sb.child.poll)
         sb.child.close()
         try:

@@ -16,6 +16,8 @@ Other knobs (environment):
   TOY_ASYNC_SAVE=1       init(async_save=True);  TOY_MEMORY_EVERY=K  init(memory_every_steps=K)
   TOY_STEP_SLEEP_ATTEMPT=A --step-sleep applies in attempt A only (the others run at full speed).
   TOY_CRASH_BEFORE_STEP_ATTEMPT=A  attempt A raises right after init(), before its first step
+  TOY_IMPORT=M1,M2       import these modules first, saying whether each was already imported (a
+                         warm interpreter's preload, e.g. a framework the previous attempt recorded)
   TOY_CRASH_IF_RESUMED_FROM_STEP=N
                          raise right after resuming from the checkpoint of step N: a poisoned
                          checkpoint that crashes every attempt resuming from it.
@@ -23,6 +25,7 @@ Other knobs (environment):
 
 from __future__ import annotations
 
+import importlib
 import os
 import random
 import signal
@@ -167,7 +170,15 @@ def validate(model: nn.Module, loader: DataLoader, loss_fn) -> float:
     return total
 
 
+def import_first() -> None:
+    """TOY_IMPORT: the modules this attempt imports before anything else; is each there already?"""
+    for name in filter(None, os.environ.get("TOY_IMPORT", "").split(",")):
+        print(f"toy_train: {name} {'was preloaded' if name in sys.modules else 'imported now'}", flush=True)
+        importlib.import_module(name)
+
+
 def main() -> None:
+    import_first()
     ap = job_parser(epochs=3, samples=96, batch_size=8, save_every=5)
     ap.add_argument("--num-workers", type=int, default=0)
     ap.add_argument("--out", default=None)

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
+from typing import Optional
 
 import psutil
 
+from supervisor.process.warmable import WARM_MODULE
 from tests.conftest import JOBS
 from tests.support import (  # noqa: F401 - re-exported
     CLI, ended_kinds, events, heartbeat, kill_group, run_cli, start_cli, sup_env, supervisor_state, wait_until,
 )
+from trainer_shim.rundir import Event, RunDir, read_warm_ready
 
 FAKE_JOB = str(JOBS / "fake_job.py")
 
@@ -23,3 +28,32 @@ def alive(pid: int) -> bool:
 
 def attempt_pids(run_dir: Path) -> list[int]:
     return [e["pid"] for e in events(run_dir, "attempt_started")]
+
+
+def no_standby_left(marker: str) -> None:
+    """No idle warm interpreter whose command line holds `marker` (a test's own path) is left running."""
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = p.info["cmdline"] or []
+        assert not (WARM_MODULE in cmd and any(marker in c for c in cmd)), cmd
+
+
+def warm_run(rd: Path, command: list[str], env: dict, cwd: Optional[Path] = None, imported: tuple[str, ...] = ()) -> None:
+    """`resilient-run -- command`, its attempt 1 SIGKILLed once attempt 2's warm interpreter has imported
+    torch and `imported` (its ready file, polled) and attempt 1 is past step 5 (a checkpoint): the job
+    must succeed with attempt 2 run warm by a ready interpreter."""
+    p = start_cli("--run-dir", str(rd), "--backoff", "0", "--", *command, env=env, cwd=cwd)
+    try:
+        def ready() -> bool:
+            mods = read_warm_ready(RunDir(rd).warm_ready(2))
+            return (p.poll() is None and mods is not None and set(imported) <= set(mods)
+                    and ((heartbeat(rd) or {}).get("step") or 0) > 5)
+
+        wait_until(ready, timeout=90, what=f"attempt 2's warm interpreter with {imported or 'torch'} imported")
+        os.kill(events(rd, Event.ATTEMPT_STARTED)[0]["pid"], signal.SIGKILL)
+        _, err = p.communicate(timeout=180)
+    finally:
+        kill_group(p)
+    assert p.returncode == 0, err[-3000:]
+    assert ended_kinds(rd) == ["signal", "success"]
+    started = events(rd, Event.ATTEMPT_STARTED)
+    assert [(e["warm"], e["warm_ready"]) for e in started] == [(False, False), (True, True)], started

@@ -4,13 +4,12 @@ cold start to the classifier and to the weights."""
 
 from __future__ import annotations
 
-import psutil
 import torch
 
 from tests.conftest import JOBS
 from tests.faults.common import reference
 
-from .helpers import alive, attempt_pids, ended_kinds, events, run_cli, sup_env
+from .helpers import alive, attempt_pids, ended_kinds, events, no_standby_left, run_cli, sup_env
 
 TOY = str(JOBS / "toy_train.py")
 FAULTS = "1:kill@20,2:raise@30"   # kill -9, then an uncaught exception in the (warm) second attempt
@@ -25,12 +24,6 @@ def _run(tmp_path, name: str, *extra: str) -> tuple:
                 env=sup_env(TOY_FAULTS=FAULTS, TOY_STEP_SLEEP_ATTEMPT="1"), timeout=180)
     assert r.returncode == 0, r.stderr[-3000:]
     return rd, out
-
-
-def _no_standby_left(marker: str) -> None:
-    for p in psutil.process_iter(["cmdline"]):
-        cmd = p.info["cmdline"] or []
-        assert not ("trainer_shim._launch.warm" in cmd and any(marker in c for c in cmd)), cmd
 
 
 def test_warm_restart_matches_cold_and_is_bit_exact(tmp_path):
@@ -56,7 +49,7 @@ def test_warm_restart_matches_cold_and_is_bit_exact(tmp_path):
     # Nothing left behind: no attempt, no idle warm interpreter.
     for pid in attempt_pids(warm_rd) + attempt_pids(cold_rd):
         assert not alive(pid)
-    _no_standby_left(str(warm_out))
+    no_standby_left(str(warm_out))
 
 
 def test_a_crash_before_the_first_step_restarts_warm(tmp_path):
@@ -70,4 +63,4 @@ def test_a_crash_before_the_first_step_restarts_warm(tmp_path):
     assert ended_kinds(rd) == ["crash", "success"]
     assert events(rd, "first_step")[0]["attempt"] == 2   # attempt 1 never reached a step
     assert [e["warm"] for e in events(rd, "attempt_started")] == [False, True]
-    _no_standby_left(str(out))
+    no_standby_left(str(out))

@@ -216,6 +216,8 @@ class Probe:
             if run.rank == 0:
                 rundir.append_event(run.rd, Event.FIRST_STEP, run.attempt, step=run.global_step,
                                     restored_time=self.restored_time, pid=os.getpid(), **rundir.start_marks(run.init_time))
+                # For the next attempt's warm interpreter: the frameworks this one imported (rundir.warm).
+                rundir.record_frameworks(run.rd.frameworks, sys.modules, os.getpid(), os.getppid())
         self._ref_step = run.global_step
         self._ref_version = self._version_sum()
         if self.doctor is None:

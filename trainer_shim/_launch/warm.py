@@ -1,19 +1,23 @@
-"""A Python interpreter that has already imported torch, waiting to run the next attempt of SCRIPT.py.
+"""A Python interpreter that has already imported torch, waiting to run the next attempt of a Python job.
 
-The supervisor (torch-free) starts `python -m trainer_shim._launch.warm [--preload M1,M2] SCRIPT.py ARGS...`
-while an attempt of a single-process job trains. It imports torch (and the --preload modules), then
-blocks on one line from stdin: the contract's StandbyMessage with the next attempt's environment.
-It then runs SCRIPT.py as `__main__` with `runpy.run_path` in this same process (same pid, process
-group, output pipes, PDEATHSIG and oom_score_adj as the supervisor spawned it), so a restart skips
-the interpreter start and torch's ~1.5 s of imports. EOF on stdin: not needed, exit 0 silently.
+The supervisor (torch-free) starts `python -m trainer_shim._launch.warm [OPTIONS] TARGET` while an
+attempt of a single-process job trains, TARGET being `SCRIPT ARGS...` (for `python SCRIPT.py` and for
+a console script, whose file is the SCRIPT) or `-m MODULE ARGS...` (for `python -m MODULE`). It
+imports torch (and the --preload modules), then blocks on one line from stdin: the contract's
+StandbyMessage with the next attempt's environment. While it waits it also imports the frameworks
+the running attempt recorded (rundir.warm). It then runs TARGET as `__main__` in this same process
+(same pid, process group, output pipes, PDEATHSIG and oom_score_adj as the supervisor spawned it),
+so a restart skips the interpreter start and torch's ~1.5 s of imports. EOF on stdin: not needed,
+exit 0 silently.
 
-The script itself is read fresh from disk at that moment: only the preloaded modules are shared
-with the interpreter's start, never the script's own code. Exceptions, `sys.exit` codes and
+The script or module itself is read fresh from disk at that moment: only the preloaded modules are
+shared with the interpreter's start, never the job's own code. Exceptions, `sys.exit` codes and
 signals leave this process exactly as they leave `python SCRIPT.py` (the interpreter's own exit
 path: the traceback is printed by sys.excepthook and the exit code is 1).
 
-Usage (by the supervisor only): python -m trainer_shim._launch.warm [--preload=M1,M2] [--ready=FILE] SCRIPT.py ARGS...
-(FILE is created once the imports are done.)
+Usage (by the supervisor only):
+  python -m trainer_shim._launch.warm [--preload=M1,M2] [--ready=FILE] [--frameworks=RECORD] TARGET
+FILE is written once the imports are done (rundir.write_warm_ready); RECORD is the run dir's frameworks record.
 """
 
 from __future__ import annotations
@@ -21,34 +25,34 @@ from __future__ import annotations
 import importlib
 import os
 import runpy
+import select
 import sys
+from pathlib import Path
+from typing import Optional
 
-from ..rundir import EXIT_OK, StandbyMessage
+from ..rundir import EXIT_OK, StandbyMessage, frameworks_of_child, write_warm_ready
+
+# How often a waiting interpreter looks at the frameworks record: a stat and a small read, while the
+# next import would come seconds later anyway (the attempt writes the record at its first step).
+FRAMEWORKS_POLL_S = 0.5
+_OPTIONS = ("--preload", "--ready", "--frameworks")
 
 
 def main() -> None:
-    argv = sys.argv[1:]
-    preload: list[str] = []
-    ready = None
-    while argv and argv[0].startswith(("--preload=", "--ready=")):
-        opt, _, val = argv[0].partition("=")
-        if opt == "--preload":
-            preload = [m for m in val.split(",") if m]
-        else:
-            ready = val
-        argv = argv[1:]
-    if not argv:
-        sys.exit("usage: python -m trainer_shim._launch.warm [--preload M1,M2] SCRIPT.py ARGS...")
+    opts, target = _parse(sys.argv[1:])
+    if not target or (target[0] == "-m" and len(target) < 2):
+        sys.exit("usage: python -m trainer_shim._launch.warm [--preload=M1,M2] [--ready=FILE] "
+                 "[--frameworks=RECORD] (SCRIPT | -m MODULE) ARGS...")
     import torch  # noqa: F401  - the point: pay for the imports before the restart
 
     import torch._dynamo  # noqa: F401  - every torch.optim.Optimizer() imports it lazily: ~0.7 s at the first step
     import trainer_shim._loop.run  # noqa: F401  - the shim's training path, imported lazily by trainer_shim.init
 
-    for name in preload:
+    preloaded = [m for m in opts.get("--preload", "").split(",") if m]
+    for name in preloaded:
         importlib.import_module(name)
-    if ready:  # the supervisor uses this interpreter only once its imports are done (else it starts cold)
-        open(ready, "w").close()
-    msg = StandbyMessage.from_line(sys.stdin.buffer.readline())
+    ready, record = opts.get("--ready"), opts.get("--frameworks")
+    msg = _wait(Path(ready) if ready else None, Path(record) if record else None, preloaded)
     if msg is None:
         sys.exit(EXIT_OK)
     os.environ.clear()
@@ -57,8 +61,52 @@ def main() -> None:
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)
-    script = argv[0]
-    sys.argv = list(argv)
+    _run(target)
+
+
+def _parse(argv: list[str]) -> tuple[dict[str, str], list[str]]:
+    opts: dict[str, str] = {}
+    while argv and argv[0].startswith(tuple(f"{o}=" for o in _OPTIONS)):
+        opt, _, val = argv[0].partition("=")
+        opts[opt] = val
+        argv = argv[1:]
+    return opts, argv
+
+
+def _wait(ready: Optional[Path], record: Optional[Path], preloaded: list[str]) -> Optional[StandbyMessage]:
+    """Block until the supervisor's message; meanwhile import the frameworks the running attempt
+    recorded. The ready file names what is imported, and is absent while an import is under way (a
+    message read then waits for it: the attempt would import the framework itself, later)."""
+    if ready:
+        write_warm_ready(ready, preloaded)
+    stdin = sys.stdin.buffer
+    while record is not None and not select.select([stdin], [], [], FRAMEWORKS_POLL_S)[0]:
+        new = [m for m in frameworks_of_child(record, os.getppid()) if m not in preloaded]
+        if not new:
+            continue
+        if ready:
+            ready.unlink(missing_ok=True)
+        for name in new:
+            try:
+                importlib.import_module(name)
+            except Exception:  # noqa: BLE001 - the attempt imports it itself and meets the error there
+                pass
+            preloaded.append(name)  # tried once: never again, whatever came of it
+        if ready:
+            write_warm_ready(ready, [m for m in preloaded if m in sys.modules])
+    return StandbyMessage.from_line(stdin.readline())
+
+
+def _run(target: list[str]) -> None:
+    """Run TARGET as `python SCRIPT ARGS` or `python -m MODULE ARGS` would: the same sys.argv and sys.path[0]."""
+    if target[0] == "-m":
+        # `python -m` puts the working directory first on sys.path: so did ours (started as `-m` in the
+        # same cwd). sys.argv[0] is the module's file: run_module's alter_sys sets it, as `-m` does.
+        sys.argv = ["-m", *target[2:]]
+        runpy.run_module(target[1], run_name="__main__", alter_sys=True)
+        return
+    script = target[0]
+    sys.argv = list(target)
     # What `python SCRIPT.py` puts first on sys.path: the script's directory, not ours.
     sys.path[0] = os.path.dirname(os.path.abspath(script))
     runpy.run_path(script, run_name="__main__")

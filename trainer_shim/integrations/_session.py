@@ -113,6 +113,8 @@ class Session:
             if self.is_zero:  # one mark per attempt, as native runs write it
                 self.event(Event.FIRST_STEP, step=step, restored_time=self._restored_time, pid=os.getpid(),
                            **rundir.start_marks(self.init_time))
+                # For the next attempt's warm interpreter: the frameworks this one imported (rundir.warm).
+                rundir.record_frameworks(self.rd.frameworks, sys.modules, os.getpid(), os.getppid())
 
     def set_total_steps(self, total: Any) -> None:
         """The run's length in optimizer steps (heartbeat `total_steps`): `status` shows progress and ETA

@@ -27,6 +27,8 @@ One module per idea:
     index      checkpoint_metadata.json, checkpoint search roots
     frameworks HF Trainer / Lightning layouts: checkpoint-N dirs, extra roots, member names;
                auto-attach: the bootstrap dir, the callback options
+    warm       warm restarts: the frameworks a trainer imported (for the next attempt's warm
+               interpreter), the warm interpreter's ready file
     snapshots  memory snapshot slots in /dev/shm: names, the owner/mode trust rule, find/persist/free
     slot_memory  who holds slot memory (owner records), what it weighs, the stale rule, freeing it
     doctor     doctor mode: digest-log record kinds, injected faults
@@ -48,6 +50,8 @@ Run-dir layout::
       checkpoint-N/              a HF Trainer's checkpoints (in its output_dir; MANIFEST.json added)
       checkpoint_roots.json      other dirs holding checkpoint dirs (a Trainer's output_dir)
       logs/attempt-NNNN.log      child output per attempt (supervisor writes)
+      logs/standby-NNNN.ready    the warm interpreter for attempt N has done its imports (it writes)
+      imported_frameworks.json   frameworks the last trainer imported, for the next warm interpreter (shim writes)
       logs/stacks-<pid>.txt      faulthandler dumps on SIGUSR1 (shim writes)
       errors/attempt-N.json      uncaught exception of attempt N (shim writes; rank 0)
       errors/attempt-N-rank-R.json  the same for rank R > 0 of a distributed attempt
@@ -100,6 +104,7 @@ from .snapshots import (
 )
 from .slot_memory import STALE_AFTER_S, SlotGroup, free_group, free_stale, lock_pid, owner_path, record_owner, run_slots, slot_groups, stale_reason
 from .stepmark import STEP_MARK_SIZE, StepMark, reached_step, read_step_mark
+from .warm import PRELOAD_FRAMEWORKS, frameworks_of_child, read_warm_ready, record_frameworks, write_warm_ready
 
 __all__ = [
     # the commit protocol (module)
@@ -143,6 +148,8 @@ __all__ = [
     "untrusted_slot_reason",
     "complete_slots", "newest_complete", "persist_slot", "persist_newest", "free_slots", "remove_slot",
     "STALE_AFTER_S", "SlotGroup", "lock_pid", "owner_path", "record_owner", "run_slots", "slot_groups", "stale_reason", "free_group", "free_stale",
+    # warm restarts
+    "PRELOAD_FRAMEWORKS", "record_frameworks", "frameworks_of_child", "write_warm_ready", "read_warm_ready",
     # doctor mode
     "MARK_STEP", "MARK_BATCH", "MARK_EPOCH", "FAULT_KILL", "FAULT_RAISE", "parse_faults",
 ]

@@ -132,6 +132,8 @@ class RunDir:
     metrics = _Under("own", "metrics.prom")
     # `--heartbeat-timeout auto`: per-phase heartbeat intervals the supervisor learned (inherited by restarts).
     learned_timeouts = _Under("root", "heartbeat_timeouts.json")
+    # The frameworks the last trainer imported, for the warm interpreter of the next attempt (see warm.py).
+    frameworks = _Under("own", "imported_frameworks.json")
 
     def heartbeat(self, rank: int = 0) -> Path:
         return self.heartbeats / heartbeat_name(rank)
@@ -160,6 +162,10 @@ class RunDir:
         """A prestarted launcher's log until it becomes attempt N (renamed to attempt_log(N)): an idle
         standby left by a killed supervisor must not take an attempt number."""
         return self.logs / f"standby-{attempt:04d}.log"
+
+    def warm_ready(self, attempt: int) -> Path:
+        """Written by the warm interpreter for attempt N once its imports are done (see warm.py)."""
+        return self.logs / f"standby-{attempt:04d}.ready"
 
     def error_file(self, attempt: int, rank: int = 0) -> Path:
         """Rank 0 (and a single process) writes attempt-N.json; rank R > 0 attempt-N-rank-R.json."""
