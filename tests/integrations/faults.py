@@ -6,7 +6,8 @@ at global step S (`kind@S/R`: only on rank R of a multi-rank job, RANK as torchr
   truncate  truncate the largest file of the newest committed checkpoint, then SIGKILL (disk damage + kill)
   savekill  SIGKILL inside the framework's save at step S, before our manifest
   writekill SIGKILL while the background writer thread writes step S's checkpoint file (async_save:
-            a value put into the checkpoint kills the process when the writer pickles it)
+            a value put into the checkpoint, or into the optimizer's param group for the HF Trainer's
+            optimizer.pt, kills the process when the writer pickles it)
   hang      block forever inside the model's forward of step S+1 (a hung training_step)
   pause     hold step S's end until SIGTERM arrived (the test sends it), heartbeating, so the stop is seen there
 """
@@ -65,6 +66,12 @@ class Faults:
             os.kill(os.getpid(), signal.SIGKILL)
         if checkpoint is not None and self.at("writekill", step):
             checkpoint["rrtest_writekill"] = KillWhenWritten()
+
+    def before_save(self, step: int, optimizer: Any) -> None:
+        """HF Trainer, after the step's callbacks and before its save: the optimizer's state_dict will
+        carry a param-group value that kills the process when the background writer pickles it."""
+        if optimizer is not None and self.at("writekill", step):
+            optimizer.param_groups[0]["rrtest_writekill"] = KillWhenWritten()
 
     def in_forward(self, *args: Any) -> None:
         if self.plan.get("hang") is not None and self.step == self.plan["hang"]:

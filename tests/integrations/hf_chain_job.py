@@ -24,8 +24,9 @@ def main() -> None:
     p.add_argument("--output_dir", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--async-save", action="store_true", help="ResilientCallback(async_save=True)")
     a = p.parse_args()
-    cb = ResilientCallback()
+    cb = ResilientCallback(async_save=a.async_save)
     faults = Faults(cb)
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=32))  # dropout 0.1

@@ -32,6 +32,7 @@ class AfterStep(TrainerCallback):
         self.faults = faults
 
     def on_step_end(self, args, state, control, **kw):
+        self.faults.before_save(state.global_step, kw.get("optimizer"))
         self.faults.after_step(state.global_step)
 
 
@@ -43,8 +44,9 @@ def main() -> None:
     # ignore-resume: the callback, but the resume point is never passed to the Trainer;
     # fresh: the same, saying so (resume_from_checkpoint=False: auto-attach leaves it alone)
     p.add_argument("--callback", choices=("explicit", "none", "ignore-resume", "fresh"), default="explicit")
+    p.add_argument("--async-save", action="store_true", help="ResilientCallback(async_save=True)")
     a = p.parse_args()
-    cb = ResilientCallback() if a.callback != "none" else None
+    cb = ResilientCallback(async_save=a.async_save) if a.callback != "none" else None
     faults = Faults(cb)
     trainer = build(a.output_dir, callbacks=[FaultCallback(faults), *([cb] if cb else []), AfterStep(faults)])
     trainer.model.register_forward_pre_hook(faults.in_forward)

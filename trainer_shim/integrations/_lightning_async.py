@@ -18,19 +18,15 @@ the same buffers each time and a failure is a `checkpoint_failed` event at once.
 
 from __future__ import annotations
 
-import atexit
-import threading
-import time
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
-from .._engine.async_save import DRAIN_GRACE
 from .._engine.memory_snapshot import Staging
-from .._engine.writer import serve
 from ..rundir import LIGHTNING_CKPT
+from ._background import BackgroundSaves
 from ._session import say
 
-__all__ = ["StagingIO", "BackgroundSaves"]
+__all__ = ["StagingIO", "copy_checkpoint"]
 
 
 class StagingIO:
@@ -62,73 +58,17 @@ class StagingIO:
         self.inner.teardown()
 
 
-class BackgroundSaves:
-    """The staging buffers and the one writer thread, which runs `write(job)` for each submitted job."""
-
-    def __init__(self, write: Callable[[Any], None], grace: float = DRAIN_GRACE) -> None:
-        self.staging = Staging()
-        self.grace = grace
-        self._write = write
-        self._cv = threading.Condition()
-        self._job: Any = None
-        self._closed = False
-        self._thread = threading.Thread(target=self._loop, daemon=True, name="trainer_shim-lightning-save")
-        self._thread.start()
-        atexit.register(self.drain)  # a script that ends without on_train_end still gets its save
-
-    def copy_checkpoint(self, trainer: Any, path: Path) -> Any:
-        """Training thread: `trainer.save_checkpoint(path)` with Lightning's checkpoint dict copied into
-        the staging buffers instead of written. The copy, or None when `path` was written here (see
-        StagingIO, or a strategy that does not save through its CheckpointIO)."""
-        self.wait()  # the buffers hold the save in flight until its write is done
-        strategy = trainer.strategy
-        own = strategy.checkpoint_io
-        io = StagingIO(own, self.staging)
-        strategy.checkpoint_io = io  # Lightning's public extension point for where checkpoints go
-        try:
-            trainer.save_checkpoint(path, weights_only=False)  # full state: optimizer, loops, loader
-        finally:
-            strategy.checkpoint_io = own
-        return io.state
-
-    def submit(self, job: Any) -> None:
-        with self._cv:
-            self._job = job
-            self._cv.notify_all()
-
-    def wait(self, timeout: Optional[float] = None) -> bool:
-        """Until no save is in flight (at most `timeout` s when given); True when none is."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with self._cv:
-            while self._job is not None and self._thread.is_alive():
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    return False
-                self._cv.wait(left)
-        return True
-
-    def drain(self) -> bool:
-        """Wait for the save in flight, bounded by `grace`; say so when it is still running."""
-        if self.wait(self.grace):
-            return True
-        say(f"warning: the background checkpoint is still being written after {self.grace:.0f} s; going on without it")
-        return False
-
-    def close(self) -> None:
-        self.drain()
-        with self._cv:
-            self._closed = True
-            self._cv.notify_all()
-        atexit.unregister(self.drain)
-
-    def _loop(self) -> None:
-        serve(self._cv, lambda: self._job, lambda: self._closed, self._write_reported, self._job_done)
-
-    def _write_reported(self, job: Any) -> None:
-        try:
-            self._write(job)
-        except BaseException as e:  # `write` reports its own failures; never let the writer die silently
-            say(f"warning: background checkpoint writer: {type(e).__name__}: {e}")
-
-    def _job_done(self) -> None:
-        self._job = None
+def copy_checkpoint(bg: BackgroundSaves, trainer: Any, path: Path) -> Any:
+    """Training thread: `trainer.save_checkpoint(path)` with Lightning's checkpoint dict copied into
+    `bg`'s staging buffers instead of written. The copy, or None when `path` was written here (see
+    StagingIO, or a strategy that does not save through its CheckpointIO)."""
+    bg.wait()  # the buffers hold the save in flight until its write is done
+    strategy = trainer.strategy
+    own = strategy.checkpoint_io
+    io = StagingIO(own, bg.staging)
+    strategy.checkpoint_io = io  # Lightning's public extension point for where checkpoints go
+    try:
+        trainer.save_checkpoint(path, weights_only=False)  # full state: optimizer, loops, loader
+    finally:
+        strategy.checkpoint_io = own
+    return io.state

@@ -13,6 +13,10 @@ the next step end plus exit 75, and takes over ``save_total_limit`` rotation: th
 leave no valid checkpoint at all. We rotate after the manifest is committed instead, and never
 delete the checkpoint the run resumed from (nor the Trainer's best one).
 
+``ResilientCallback(async_save=True)`` (config ``callback: {async_save: true}``): a due step save costs
+training one copy of the state into reusable buffers; the Trainer's files are written and committed
+by a background thread (see ``_hf_async``). What lands on disk is the Trainer's own ``checkpoint-N/``.
+
 ms-swift builds the callbacks it names in ``--callbacks`` as ``cls(args, trainer)`` before its
 Trainer; so built, the callback sets ``args.resume_from_checkpoint`` itself (ms-swift passes it to
 ``train()``). A plugin file (``--external_plugins FILE --callbacks resilient``) needs two lines:
@@ -23,6 +27,7 @@ Trainer; so built, the callback sets ``args.resume_from_checkpoint`` itself (ms-
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from pathlib import Path
@@ -32,12 +37,24 @@ from transformers import TrainerCallback
 
 from .. import rundir
 from ..rundir import CheckpointKind, Manifest, Phase, hf_checkpoint_name, read_extra_roots, record_extra_root
+from ._background import BackgroundSaves
 from ._doctor import FrameworkDoctor
+from ._hf_async import SaveWindow, StagedFiles
 from ._session import Session, say
 
 __all__ = ["ResilientCallback"]
 
 _UNLIMITED = 1 << 30
+
+
+@dataclasses.dataclass
+class _Job:
+    """A background save: the Trainer's staged files of `path`, and what its manifest records."""
+    path: Path
+    staged: StagedFiles
+    epoch: int
+    loss: Optional[float]
+    best: Optional[str]
 
 
 def _remove_if_just_made(path: Path, since: float) -> None:
@@ -53,12 +70,16 @@ def _remove_if_just_made(path: Path, since: float) -> None:
 class ResilientCallback(TrainerCallback):
     """Supervision for a ``transformers.Trainer``; see the module docstring."""
 
-    def __init__(self, run_dir: Any = None, trainer: Any = None, *, heartbeat_interval: float = 1.0) -> None:
+    def __init__(self, run_dir: Any = None, trainer: Any = None, *, heartbeat_interval: float = 1.0,
+                 async_save: bool = False) -> None:
         swift_args = None
         if run_dir is not None and not isinstance(run_dir, (str, os.PathLike)) and hasattr(run_dir, "output_dir"):
             swift_args, run_dir = run_dir, None  # ms-swift's cls(args, trainer); `trainer` is not needed
         self.run_dir = run_dir
         self.heartbeat_interval = heartbeat_interval
+        self.async_save = async_save  # as init(async_save=True): step saves written by a background thread
+        self._background: Optional[BackgroundSaves] = None
+        self._window: Optional[SaveWindow] = None
         self.session: Optional[Session] = None
         self.output_dir: Optional[Path] = None
         self._limit: Any = None
@@ -119,6 +140,9 @@ class ResilientCallback(TrainerCallback):
         s.set_keep_last(self._limit if self._limit else _UNLIMITED)
         args.save_total_limit = None  # we rotate, after our manifest is committed
         s.set_total_steps(state.max_steps)
+        if self.async_save and args.should_save and self._background is None:  # the process that commits
+            self._background = BackgroundSaves(self._write_background, "hf")
+            self._window = SaveWindow(self._background.staging)
         model = kwargs.get("model")
         if self._doctor is not None and model is not None and self._loss_hook is None:
             # The Trainer reports a loss only at logging steps (averaged): doctor compares every step's own.
@@ -130,6 +154,9 @@ class ResilientCallback(TrainerCallback):
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._commit_epoch_end_save(args, state)
         args.save_total_limit = self._limit
+        if self._background is not None:
+            self._background.close()  # the step save in flight commits before the process may end
+            self._background = self._window = None
         if self.session is not None:
             self.session.finish()
 
@@ -151,6 +178,19 @@ class ResilientCallback(TrainerCallback):
                                     loss=loss, epoch=state.epoch):
                 control.should_training_stop = True
         self._save_t0 = time.monotonic() if control.should_save else None
+        self._before_save(args, state, control)
+
+    def _before_save(self, args: Any, state: Any, control: Any) -> None:
+        """async_save: a due step save's files are staged (`SaveWindow`) while the Trainer saves. A
+        preempt, the last step or a stop asked by another callback drains the save in flight instead:
+        the process may end, or the Trainer load its best checkpoint, right after this step."""
+        if self._background is None or self._window is None or self._window.is_open:
+            return
+        if self._stopping or control.should_training_stop or state.global_step >= (state.max_steps or 0):
+            self._background.drain()
+        elif control.should_save:
+            self._background.wait()  # one save in flight at most; the buffers are free after it
+            self._window.open(Path(args.output_dir) / hf_checkpoint_name(state.global_step))
 
     def _record_loss(self, module: Any, inputs: Any, output: Any) -> None:
         loss = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", None)
@@ -163,6 +203,9 @@ class ResilientCallback(TrainerCallback):
     def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.session is not None:
             self._beat_for(control, state)
+            if control.should_save:  # save_strategy="epoch": the Trainer saves after this
+                self._save_t0 = time.monotonic()
+                self._before_save(args, state, control)
 
     def _beat_for(self, control: Any, state: Any) -> None:
         """The phase of what the Trainer does next in this step: evaluate, save, or train on."""
@@ -192,9 +235,12 @@ class ResilientCallback(TrainerCallback):
             return
         # The Trainer's save is collective but ends without a barrier: rank 0 writes the model and
         # optimizer while every rank writes its own rng_state_<rank>.pth. The manifest must hash them all.
+        staged = self._window.close() if self._window is not None else None
         s.sync("every rank's checkpoint files written")
         path = Path(args.output_dir) / hf_checkpoint_name(state.global_step)
         took = time.monotonic() - self._save_t0 if self._save_t0 is not None else None  # the Trainer's save
+        if staged is not None:  # reported now, as native async saves are: when training goes on
+            s.saves.add(took or 0.0, CheckpointKind.STEP, state.global_step, s.checkpoint_step)
         if (not self._stopping and float(state.epoch or 0).is_integer()
                 and state.global_step < (state.max_steps or 0)):
             # Saved at an epoch's last step, before that epoch's evaluation. A resume starts the next
@@ -202,9 +248,11 @@ class ResilientCallback(TrainerCallback):
             # run goes on from the state the evaluation left (its loader drew a seed): the next epoch's
             # shuffle and dropout would differ. Committed when that epoch begins, with the RNG of then
             # (every rank refreshes its own rng_state file first).
-            self._at_epoch_end = (path, took)
+            self._at_epoch_end = (path, took, staged)
+        elif staged is not None:
+            self._submit(path, staged, state, control.should_training_stop)
         elif args.should_save:
-            self._commit(path, state, took)
+            self._commit(path, int(state.epoch or 0), self._loss, state.best_model_checkpoint, took)
         if self._stopping:
             s.sync("preempt checkpoint committed")  # no rank exits (and makes torchrun end the rest) before it
             s.exit_preempted()
@@ -213,51 +261,74 @@ class ResilientCallback(TrainerCallback):
     def _commit_epoch_end_save(self, args: Any, state: Any) -> None:
         if self._at_epoch_end is None or self.session is None:
             return
-        (path, took), self._at_epoch_end = self._at_epoch_end, None
-        if path.is_dir():
-            _refresh_rng_state(path, args)
+        (path, took, staged), self._at_epoch_end = self._at_epoch_end, None
+        _refresh_rng_state(path, args, staged)
         self.session.sync("every rank's RNG state refreshed")
-        if args.should_save:
-            self._commit(path, state, took)
+        if staged is not None:
+            self._submit(path, staged, state, False)
+        elif args.should_save:
+            self._commit(path, int(state.epoch or 0), self._loss, state.best_model_checkpoint, took)
 
-    def _commit(self, path: Path, state: Any, took: Optional[float]) -> None:
+    def _submit(self, path: Path, staged: StagedFiles, state: Any, drain: bool) -> None:
+        """Hand the staged files to the writer thread (`_write_background`); `drain`: and wait for it."""
+        assert self._background is not None
+        self._background.submit(_Job(path, staged, int(state.epoch or 0), self._loss, state.best_model_checkpoint))
+        if drain:  # training stops after this step: the Trainer may load its best checkpoint next
+            self._background.drain()
+
+    def _write_background(self, job: _Job) -> None:
+        """Writer thread: the staged files with the Trainer's own functions, then the synchronous commit."""
+        try:
+            job.staged.write()
+        except BaseException as e:  # a failed save, whatever the reason: training continues
+            assert self.session is not None
+            self.session.save_failed(job.path, e, f"background checkpoint {job.path.name} failed", background=True)
+            return
+        self._commit(job.path, job.epoch, job.loss, job.best, None, CheckpointKind.STEP)
+
+    def _commit(self, path: Path, epoch: int, loss: Optional[float], best: Optional[str],
+                took: Optional[float], kind: Optional[CheckpointKind] = None) -> None:
         """Rank 0: the manifest of the Trainer's checkpoint-N/, then `latest`, index and rotation."""
         s = self.session
         assert s is not None
         if not path.is_dir():
             say(f"warning: the Trainer reported a save but {path} does not exist")
             return
-        kind = CheckpointKind.PREEMPT if self._stopping else CheckpointKind.STEP
+        if kind is None:
+            kind = CheckpointKind.PREEMPT if self._stopping else CheckpointKind.STEP
         step = int(path.name.rsplit("-", 1)[-1])
         try:
             # The Trainer named the dir already: committed in place (its manifest by temp file and rename).
             manifest = Manifest.create(rundir.commit.hash_tree(path), step=step,
-                                       epoch=int(state.epoch or 0), batch_in_epoch=0, kind=kind, loss=self._loss)
+                                       epoch=epoch, batch_in_epoch=0, kind=kind, loss=loss)
             rundir.commit.commit_in_place(path, manifest.to_bytes())
         except OSError as e:
             s.save_failed(path, e, f"cannot commit {path}")
         else:
-            best = state.best_model_checkpoint
             # The stall: the Trainer's save and our manifest.
             s.committed(path, manifest, self._roots(), protect=[Path(best)] if best else [], seconds=took)
 
 
-def _refresh_rng_state(path: Path, args: Any) -> None:
-    """Overwrite the RNG states in the Trainer's rng_state file with the current ones (same keys, same types)."""
+def _refresh_rng_state(path: Path, args: Any, staged: Optional[StagedFiles]) -> None:
+    """Replace the RNG states in the Trainer's rng_state file (or its staged copy) with the current ones
+    (same keys, same types)."""
     import random
 
     import numpy as np
     import torch
 
     name = f"rng_state_{args.process_index}.pth" if args.world_size > 1 else "rng_state.pth"
+    held = staged.get(name) if staged is not None else None
     f = path / name
-    if not f.is_file():
+    if held is None and not f.is_file():
         return
-    states = torch.load(f, weights_only=False)
+    states = held if held is not None else torch.load(f, weights_only=False)
     states.update(python=random.getstate(), numpy=np.random.get_state(), cpu=torch.random.get_rng_state())
     if "cuda" in states:
         states["cuda"] = (torch.cuda.random.get_rng_state_all() if isinstance(states["cuda"], (list, tuple))
                           else torch.cuda.random.get_rng_state())
+    if held is not None:
+        return  # written with the rest by the writer thread
     tmp = f.with_name(f.name + ".tmp")
     torch.save(states, tmp)
     os.replace(tmp, f)

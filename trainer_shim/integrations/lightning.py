@@ -27,7 +27,8 @@ from typing import Any, Optional
 from .. import rundir
 from .._engine.checkpoint import write_member
 from ..rundir import LIGHTNING_CKPT, CheckpointKind, FileEntry, Manifest, Phase
-from ._lightning_async import BackgroundSaves
+from ._background import BackgroundSaves
+from ._lightning_async import copy_checkpoint
 from ._resumable import ResumableLoader
 from ._doctor import FrameworkDoctor
 from ._session import Session, say
@@ -199,7 +200,7 @@ class _Resilient:
                 say(f"warning: async_save is single-process only for Lightning; this job ({trainer.world_size} "
                     "ranks) saves synchronously")
             return
-        self._background = BackgroundSaves(self._write_background)
+        self._background = BackgroundSaves(self._write_background, "lightning")
 
     def _stop_background(self) -> None:
         if self._background is not None:
@@ -260,7 +261,7 @@ class _Resilient:
         assert s is not None and self._background is not None
         tmp = rundir.commit.fresh_tmp_dir(s.rd.checkpoints, final.name)
         try:
-            state = self._background.copy_checkpoint(trainer, tmp / LIGHTNING_CKPT)
+            state = copy_checkpoint(self._background, trainer, tmp / LIGHTNING_CKPT)
         except OSError as e:  # only a synchronous fallback writes here (see copy_checkpoint)
             shutil.rmtree(tmp, ignore_errors=True)
             s.save_failed(final, e, f"checkpoint at step {pos.step} failed")
