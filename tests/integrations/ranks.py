@@ -18,17 +18,18 @@ HF_JOB, PL_JOB = HERE / "hf_job.py", HERE / "lightning_job.py"
 FAST = ("--backoff", "0", "--heartbeat-timeout", "5", "--grace-period", "3", "--nproc-per-node", "2")
 
 
-def _job_args(job: Path, run: Path, out: Path) -> list[str]:
+def _job_args(job: Path, run: Path, out: Path, job_extra: tuple = ()) -> list[str]:
     extra = ["--output_dir", str(run)] if job == HF_JOB else []
-    return [str(job), *extra, "--out", str(out)]
+    return [str(job), *extra, *job_extra, "--out", str(out)]
 
 
-def start_run(job: Path, d: Path, faults: str, *extra: str) -> tuple[subprocess.Popen, Path, Path]:
-    """`resilient-run --nproc-per-node 2 job` in d/run (weights: d/weights.pt) with RRTEST_FAULTS=faults."""
+def start_run(job: Path, d: Path, faults: str, *extra: str, job_extra: tuple = ()) -> tuple[subprocess.Popen, Path, Path]:
+    """`resilient-run --nproc-per-node 2 job` in d/run (weights: d/weights.pt) with RRTEST_FAULTS=faults;
+    `job_extra`: the job's own options."""
     d.mkdir(parents=True)
     run, out = d / "run", d / "weights.pt"
-    p = start_cli("run", "--run-dir", str(run), *FAST, *extra, *_job_args(job, run, out), env=sup_env(RRTEST_FAULTS=faults),
-                  cwd=d)
+    p = start_cli("run", "--run-dir", str(run), *FAST, *extra, *_job_args(job, run, out, job_extra),
+                  env=sup_env(RRTEST_FAULTS=faults), cwd=d)
     return p, run, out
 
 
@@ -41,14 +42,16 @@ def finish(p: subprocess.Popen, timeout: float = 300) -> str:
     return err
 
 
-def two_rank_campaign(job: Path, tmp: Path, faults: str, kinds: list[str], heartbeat_timeout: float = 5) -> Path:
+def two_rank_campaign(job: Path, tmp: Path, faults: str, kinds: list[str], heartbeat_timeout: float = 5,
+                      job_extra: tuple = ()) -> Path:
     """The faulted 2-rank run and the uninterrupted one side by side; asserts the attempts ended as
     `kinds`, every rank heartbeat, and the final weights equal; returns the faulted run's dir.
 
     After a kill -9 of one rank the survivor is silent until torchrun has ended it, which took over
     4 s with 4 ranks on 2 busy cores: a campaign without a hang gives it a longer heartbeat timeout."""
-    base, _, base_out = start_run(job, tmp / "baseline", "")
-    p, run, out = start_run(job, tmp / "faulted", faults, "--heartbeat-timeout", f"{heartbeat_timeout:g}")
+    base, _, base_out = start_run(job, tmp / "baseline", "", job_extra=job_extra)
+    p, run, out = start_run(job, tmp / "faulted", faults, "--heartbeat-timeout", f"{heartbeat_timeout:g}",
+                            job_extra=job_extra)
     err = finish(p)
     base_err = finish(base)
     assert base.returncode == 0, base_err[-3000:]

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from tests.integrations.ranks import HF_JOB, committed_files, two_rank_campaign
 from tests.integrations.test_chains import _chain, _hf_args
 from tests.integrations.test_integrations import _needs
 from tests.support import events
@@ -41,6 +42,21 @@ def test_kills_at_an_epoch_end_and_inside_the_background_write_resume_bit_exact(
     assert TRAINER_FILES <= set(final.manifest.files), sorted(final.manifest.files)
     saved = events(run, Event.CHECKPOINT_SAVED)
     assert saved and all(e["seconds"] >= 0 for e in saved), saved
+
+
+@_needs("transformers")
+def test_two_ranks_rank_0_killed_inside_its_background_write_restarts_the_group_exact(tmp_path: Path) -> None:
+    """torchrun, 2 ranks, 18 steps, a save every 5: rank 0 (which commits) stages its files and writes
+    them in the background; rank 1 writes its RNG state at once. Rank 0 dies inside step 15's write:
+    the group restarts from 10, bit-exact, and every commit holds both ranks' RNG files."""
+    run = two_rank_campaign(HF_JOB, tmp_path, "1:writekill@15/0", ["signal", "success"], heartbeat_timeout=20,
+                            job_extra=("--async-save",))
+    assert [e["resume_from"] and Path(e["resume_from"]).name for e in events(run, Event.ATTEMPT_STARTED)] == [
+        None, hf_checkpoint_name(10)], events(run, Event.ATTEMPT_STARTED)
+    ckpts = sorted(run.glob("checkpoint-*"))
+    assert ckpts, list(run.iterdir())
+    for c in ckpts:
+        assert {"rng_state_0.pth", "rng_state_1.pth", "optimizer.pt"} <= committed_files(c), c
 
 
 class _DiskFull:
