@@ -267,6 +267,29 @@ def print_table(rows: list[tuple[str, float, str]], width: int) -> None:
         print(f"{name:<{width}} {ratio:>7.3f}  {goal}{_verdict(ratio, goal)}")
 
 
+def framework_stall_table(run, rounds: int) -> None:
+    """The framework callbacks' async_save benches: `run(r, async_save)` is one job of round `r`, returning
+    its per-save figures (stall, first, floor, write, bytes); rounds alternate async and synchronous runs.
+    Prints the medians and the table of the issue's goals."""
+    got: dict[str, list[float]] = {"stall": [], "first": [], "floor": [], "write": [], "sync": [], "bytes": []}
+    for r in range(rounds):
+        a = run(r, True)
+        s = run(r, False)
+        for k in ("stall", "first", "floor", "write", "bytes"):
+            got[k] += a[k]
+        got["sync"] += s["stall"]
+    m = {k: statistics.median(v) for k, v in got.items()}
+    print(f"state: {m['bytes'] / (1 << 20):.0f} MiB (model + Adam), {torch.get_num_threads()} torch thread(s), "
+          f"{len(got['stall'])} async and {len(got['sync'])} synchronous saves over {rounds} round(s)")
+    print(f"floor (buf.copy_) {m['floor']:.3f} s | async stall {m['stall']:.3f} s | synchronous save {m['sync']:.3f} s"
+          f" | background write+commit {m['write']:.3f} s | first async save (allocates the buffers) {m['first']:.3f} s")
+    print_table([
+        ("async stall per save / floor copy", m["stall"] / m["floor"], "<= 1.5"),
+        ("async stall per save / synchronous save", m["stall"] / m["sync"], "<= 0.2"),
+        ("  (first async save of a run / synchronous save)", m["first"] / m["sync"], "-"),
+    ], 60)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--mb", type=int, default=256)

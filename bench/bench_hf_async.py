@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -37,7 +36,7 @@ import torch  # noqa: E402
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments  # noqa: E402
 from transformers.utils import logging as hf_logging  # noqa: E402
 
-from bench.bench_async import print_table, state_tensors, timed  # noqa: E402
+from bench.bench_async import framework_stall_table, state_tensors, timed  # noqa: E402
 from examples.hf_train import RandomTokens  # noqa: E402
 from trainer_shim.integrations.hf import ResilientCallback  # noqa: E402
 
@@ -96,25 +95,8 @@ def main() -> None:
     ap.add_argument("--saves", type=int, default=4, help="timed saves per run (after the first)")
     args = ap.parse_args()
     hf_logging.set_verbosity_error()
-    got: dict[str, list[float]] = {"stall": [], "first": [], "floor": [], "write": [], "sync": [], "bytes": []}
     with tempfile.TemporaryDirectory(prefix="bench-hf-async-", dir=os.environ.get("BENCH_TMP")) as d:
-        for r in range(args.rounds):
-            a = train(Path(d) / f"r{r}", args.layers, args.saves, True)
-            s = train(Path(d) / f"r{r}", args.layers, args.saves, False)
-            for k in ("stall", "first", "floor", "write", "bytes"):
-                got[k] += a[k]
-            got["sync"] += s["stall"]
-    m = {k: statistics.median(v) for k, v in got.items()}
-    print(f"state: {m['bytes'] / (1 << 20):.0f} MiB (model + Adam), {torch.get_num_threads()} torch thread(s), "
-          f"{len(got['stall'])} async and {len(got['sync'])} synchronous saves over {args.rounds} round(s)")
-    print(f"floor (buf.copy_) {m['floor']:.3f} s | async stall {m['stall']:.3f} s | synchronous save {m['sync']:.3f} s"
-          f" | background write+commit {m['write']:.3f} s | first async save (allocates the buffers) {m['first']:.3f} s")
-    print_table([
-        ("async stall per save / floor copy", m["stall"] / m["floor"], "<= 1.5"),
-        ("async stall per save / synchronous save", m["stall"] / m["sync"], "<= 0.2"),
-        ("  (first async save of a run / synchronous save)", m["first"] / m["sync"], "-"),
-    ], 60)
-
+        framework_stall_table(lambda r, a: train(Path(d) / f"r{r}", args.layers, args.saves, a), args.rounds)
 
 if __name__ == "__main__":
     main()

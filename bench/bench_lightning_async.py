@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -38,7 +37,7 @@ from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 import lightning.pytorch as pl  # noqa: E402
 
-from bench.bench_async import HIDDEN, print_table, state_tensors, timed  # noqa: E402
+from bench.bench_async import HIDDEN, framework_stall_table, state_tensors, timed  # noqa: E402
 from trainer_shim.integrations.lightning import ResilientCallback  # noqa: E402
 
 
@@ -103,26 +102,8 @@ def main() -> None:
     args = ap.parse_args()
     torch.manual_seed(0)
     model = Big(args.mb)
-    got: dict[str, list[float]] = {"stall": [], "first": [], "floor": [], "write": [], "sync": [], "bytes": []}
     with tempfile.TemporaryDirectory(prefix="bench-lightning-async-", dir=os.environ.get("BENCH_TMP")) as d:
-        for r in range(args.rounds):
-            a = fit(Path(d) / f"r{r}", args.mb, args.saves, True, model)
-            s = fit(Path(d) / f"r{r}", args.mb, args.saves, False, model)
-            for k in ("stall", "first", "floor", "write", "bytes"):
-                got[k] += a[k]
-            got["sync"] += s["stall"]
-    m = {k: statistics.median(v) for k, v in got.items()}
-    print(f"state: {m['bytes'] / (1 << 20):.0f} MiB (model + Adam), {torch.get_num_threads()} torch thread(s), "
-          f"{len(got['stall'])} async and {len(got['sync'])} synchronous saves over {args.rounds} round(s)")
-    print(f"floor (buf.copy_) {m['floor']:.3f} s | async stall {m['stall']:.3f} s | synchronous save {m['sync']:.3f} s"
-          f" | background write+commit {m['write']:.3f} s | first async save (allocates the buffers) {m['first']:.3f} s")
-    rows = [
-        ("async stall per save / floor copy", m["stall"] / m["floor"], "<= 1.5"),
-        ("async stall per save / synchronous save", m["stall"] / m["sync"], "<= 0.2"),
-        ("  (first async save of a run / synchronous save)", m["first"] / m["sync"], "-"),
-    ]
-    print_table(rows, 60)
-
+        framework_stall_table(lambda r, a: fit(Path(d) / f"r{r}", args.mb, args.saves, a, model), args.rounds)
 
 if __name__ == "__main__":
     main()

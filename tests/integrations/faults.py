@@ -14,6 +14,7 @@ at global step S (`kind@S/R`: only on rank R of a multi-rank job, RANK as torchr
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import threading
@@ -102,3 +103,13 @@ class KillWhenWritten:
             raise AssertionError("writekill: the checkpoint was written on the training thread")
         os.kill(os.getpid(), signal.SIGKILL)
         raise AssertionError("writekill: still alive after SIGKILL")
+
+
+class DiskFull:
+    """Pickled by a background writer's torch.save: the write fails as on a full disk."""
+
+    def __deepcopy__(self, memo: dict) -> "DiskFull":  # the training thread's copy keeps it
+        return self
+
+    def __reduce__(self) -> Any:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))

@@ -10,7 +10,6 @@ thread pickles optimizer.pt (and fails the attempt if the training thread pickle
 
 from __future__ import annotations
 
-import errno
 import os
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from typing import Any
 import pytest
 
 from tests.integrations.ranks import HF_JOB, committed_files, two_rank_campaign
+from tests.integrations.faults import DiskFull
 from tests.integrations.test_chains import _chain, _hf_args
 from tests.integrations.test_integrations import _needs
 from tests.support import events
@@ -59,16 +59,6 @@ def test_two_ranks_rank_0_killed_inside_its_background_write_restarts_the_group_
         assert {"rng_state_0.pth", "rng_state_1.pth", "optimizer.pt"} <= committed_files(c), c
 
 
-class _DiskFull:
-    """Pickled by the writer's torch.save (optimizer.pt): the write fails as on a full disk."""
-
-    def __deepcopy__(self, memo: dict) -> "_DiskFull":
-        return self
-
-    def __reduce__(self) -> Any:
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
-
 @pytest.fixture
 def in_process(monkeypatch: pytest.MonkeyPatch) -> None:
     """This process as an unsupervised job: no RESILIENT_* variable; undone after the test."""
@@ -90,7 +80,7 @@ def test_a_failed_background_write_is_an_event_and_training_goes_on(tmp_path: Pa
         def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             groups = kw["optimizer"].param_groups
             if state.global_step == 4:
-                groups[0]["rrtest_full"] = _DiskFull()
+                groups[0]["rrtest_full"] = DiskFull()
             else:
                 groups[0].pop("rrtest_full", None)
 

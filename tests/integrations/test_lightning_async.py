@@ -9,7 +9,6 @@ of the checkpoint dict that the writer's torch.save pickles (no part of the call
 
 from __future__ import annotations
 
-import errno
 import os
 import signal
 import threading
@@ -19,6 +18,7 @@ from typing import Any
 import pytest
 import torch
 
+from tests.integrations.faults import DiskFull
 from tests.integrations.test_chains import _chain
 from tests.integrations.test_integrations import _needs
 from tests.support import events, heartbeat
@@ -58,16 +58,6 @@ class _Hold:
         return dict, ()
 
 
-class _DiskFull:
-    """Pickled by the writer's torch.save: the write fails as on a full disk."""
-
-    def __deepcopy__(self, memo: dict) -> "_DiskFull":
-        return self
-
-    def __reduce__(self) -> Any:
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
-
 @pytest.fixture
 def in_process(monkeypatch: pytest.MonkeyPatch) -> Any:
     """This process as an unsupervised Lightning job: no RESILIENT_* variable; what the job changes in
@@ -98,7 +88,7 @@ def test_a_due_save_waits_for_the_one_in_flight_and_nothing_is_claimed_before_it
             if trainer.global_step == 5:
                 checkpoint["probe"] = _Hold(gate)
             elif trainer.global_step == 15:
-                checkpoint["probe"] = _DiskFull()
+                checkpoint["probe"] = DiskFull()
 
         def on_train_batch_end(self, trainer: Any, pl_module: Any, *args: Any) -> None:
             if trainer.global_step == 10 and not gate.is_set():
