@@ -102,11 +102,15 @@ class Supervisor:
             procs.protect_from_oom()
             kill_leftover_trainer(self.rd, self.config.grace_period, self._tick)
             self.choice.persist_snapshot()
-            self.mirror.restore(before_download=self._prestart)   # a new node: imports during the download
             if self.config.memory_limit:
                 self._cgroup = MemoryCgroup.create(f"resilient-run-{os.getpid()}", self.config.memory_limit)
             self._events = HeartbeatEvents(self.rd.heartbeats, self.wakeup.wake)
-            self._start_attempt()
+            # A new node: the first attempt starts as the download does (_start_during_download).
+            restored = self.mirror.restore(before_download=self._start_during_download)
+            if self.attempt is None:
+                self._start_attempt()
+            else:
+                self._after_download(restored)
             self.notifier.ready(self._status_line())
             self._loop()
             return self.exit_code if self.exit_code is not None else EXIT_GAVE_UP
@@ -237,7 +241,24 @@ class Supervisor:
     def _attempt_env(self, n: int, chosen: Optional[str]) -> dict[str, str]:
         return attempt_environ(self.smart.base_env(), self.rd, n, chosen, self.last_failure)
 
-    def _start_attempt(self) -> None:
+    def _start_during_download(self, target: Optional[Path]) -> None:
+        """The first attempt starts now, resuming from `target` (where the download is to be
+        committed), so that its imports and the script's own start (building the model) overlap
+        the download; its trainer waits for the download before it restores (rundir.pending)."""
+        self._prestart()
+        if target is not None:
+            self.next_resume = str(target)
+            self._start_attempt(prestart_next=False)   # the next standby's imports would slow the download
+
+    def _after_download(self, restored: Optional[Path]) -> None:
+        a = self.attempt
+        assert a is not None
+        failed = a.downloaded(restored, self.choice.choose)
+        if failed is not None:
+            say(f"attempt {a.number}: the download of {failed} failed; it resumes from {a.chosen or 'scratch'}")
+        self._prestart()
+
+    def _start_attempt(self, prestart_next: bool = True) -> None:
         self.restart_at = None
         chosen = self.next_resume if self.next_resume is not None else self.choice.choose()
         self.next_resume = None
@@ -266,7 +287,8 @@ class Supervisor:
         self.journal.write_state()
         say(f"attempt {n} started (pid {child.pid}), " + (f"resuming from {chosen}" if chosen else "starting fresh"))
         self.notifier.status(self._status_line())
-        self._prestart()  # warm at any moment: a crash before the first step restarts warm too
+        if prestart_next:
+            self._prestart()  # warm at any moment: a crash before the first step restarts warm too
 
     def _prestart(self) -> None:
         """Start the next attempt's launcher now, so that a restart does not wait for its imports."""

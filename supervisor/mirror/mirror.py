@@ -2,7 +2,8 @@
 
 check()    at start: the bucket answers to these credentials (else one line, exit 2)
 restore()  under the run dir's lock, before the first choice: a remote checkpoint newer than every
-           valid local one is downloaded (verified) into checkpoints/, so a new node resumes from it
+           valid local one is downloaded (verified) into checkpoints/, so a new node resumes from it;
+           the first attempt starts as the download does, and waits for it (trainer_shim.rundir.pending)
 poll()     from the loop's tick: the newest committed local checkpoint goes to the uploader, and
            the uploader's results become events (`checkpoint_mirrored`, one `mirror_failed` per outage)
 close()    at exit: the upload in flight gets up to the grace period to finish
@@ -11,11 +12,12 @@ close()    at exit: the upload in flight gets up to the grace period to finish
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Callable, Optional
 
 from trainer_shim.rundir import (
-    CheckpointInfo, Event, RunDir, checkpoint_roots, commit_age, iter_checkpoint_dirs, newest_valid, parse_checkpoint_name,
+    CheckpointInfo, Event, RunDir, announce_download, checkpoint_roots, commit_age, iter_checkpoint_dirs, newest_valid,
+    parse_checkpoint_name, settle_download,
 )
 
 from ..messages import say
@@ -50,11 +52,14 @@ class Mirror:
             self._s3 = S3(self.url)
             self._s3.check()
 
-    def restore(self, before_download: Callable[[], None]) -> None:
-        """A new node: download the remote's newest checkpoint if it is newer than ours; the
-        caller's `before_download` runs first (the first attempt's imports overlap the download)."""
+    def restore(self, before_download: Callable[[Optional[Path]], None]) -> Optional[Path]:
+        """A new node: download the remote's newest checkpoint if it is newer than ours; the local
+        dir it went to, or None. The caller's `before_download(target)` runs first, once the local
+        dir the download is to be committed to is announced (pending.py): the first attempt starts
+        then, resuming from `target`, and its start overlaps the download (None: not announced)."""
         if self._s3 is None:
-            return
+            return None
+        settle_download(self.rd.checkpoints)   # under the lock: a record a killed supervisor left
         local = self._local_newest()
         try:
             # Under the run dir's lock, before our own uploads: one run per prefix, so what is
@@ -62,10 +67,12 @@ class Mirror:
             if self._s3.abort_unfinished_uploads():
                 say(f"mirror: aborted the unfinished uploads a previous supervisor left in {self._s3.url.url()}")
             got = restore_newest(self._s3, self.rd.checkpoints, local.step if local else None, self._skip,
-                                 before_download)
+                                 lambda target: before_download(self._announce(target)))
         except MirrorError as e:   # the store went away since check(): train from what is here
             say(f"mirror: cannot look for a newer remote checkpoint: {e}")
             got = None
+        finally:   # committed or not, the download is over: a trainer waiting for it chooses now
+            settle_download(self.rd.checkpoints)
         if got is not None:
             rc, path, seconds = got
             self._mirrored.add((str(path), rc.manifest.created_at))
@@ -74,6 +81,16 @@ class Mirror:
                        step=rc.step, seconds=round(seconds, 3))
         self._uploader = Uploader(self._s3, self._local_names)
         self._uploader.start()
+        return got[1] if got is not None else None
+
+    def _announce(self, target: Path) -> Optional[Path]:
+        try:
+            announce_download(target)
+        except OSError as e:   # without the record a trainer could not tell "arriving" from "failed"
+            say(f"mirror: cannot record the download of {target.name} ({e.strerror or e}); "
+                "the first attempt starts after it")
+            return None
+        return target
 
     def poll(self, force: bool = False) -> None:
         if self._uploader is None or self._closed:

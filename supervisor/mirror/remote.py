@@ -93,14 +93,16 @@ def download_checkpoint(s3: S3, rc: RemoteCheckpoint, ckpt_root: Path) -> Path:
 
 
 def restore_newest(s3: S3, ckpt_root: Path, newer_than: Optional[int], on_skip: OnSkip,
-                   before_download: Callable[[], None] = lambda: None) -> Optional[tuple[RemoteCheckpoint, Path, float]]:
+                   before_download: Callable[[Path], None] = lambda target: None,
+                   ) -> Optional[tuple[RemoteCheckpoint, Path, float]]:
     """The newest remote checkpoint newer than step `newer_than` that downloads verified, committed into
     `ckpt_root`: (remote, local path, seconds); None when there is none. A failing one is skipped.
-    `before_download` runs once, when a download is about to start."""
+    `before_download` runs once, when a download is about to start, with the local dir the newest
+    candidate will be committed to (an older one is committed instead if it fails)."""
     for rc in list_remote(s3, on_skip):
         if newer_than is not None and rc.step <= newer_than:
             return None
-        before_download()
+        before_download(Path(ckpt_root) / rc.name)
         before_download = _nothing
         t0 = time.monotonic()
         try:
@@ -112,7 +114,7 @@ def restore_newest(s3: S3, ckpt_root: Path, newer_than: Optional[int], on_skip: 
     return None
 
 
-def _nothing() -> None:
+def _nothing(target: Path) -> None:
     pass
 
 

@@ -63,6 +63,19 @@ class Attempt:
                    kernel_log=kernel_log, oom_base=oom_base, seen={p.pid: p for p in procs.tree(child.pid)},
                    last_scan=monitor.spawned_at, resumed_from=chosen)
 
+    def downloaded(self, restored: Optional[Path], choose: Callable[[], Optional[str]]) -> Optional[str]:
+        """It started while the supervisor downloaded its checkpoint (rundir.pending), which is over:
+        the dir it was told to resume from when that was not committed (None when it was); `choose`
+        then names what its trainer falls back to (the same rule)."""
+        # Nothing watched it during the download, and its trainer could not get past `starting`
+        # before the download ended: its start-up allowance counts from now.
+        self.monitor.restart_clock(time.monotonic())
+        if restored is not None and str(restored) == self.chosen:
+            return None
+        failed, self.chosen = self.chosen, choose()
+        self.resumed_from = self.chosen
+        return failed
+
     def kill(self, grace: float, tick: Callable[[], None]) -> None:
         """SIGTERM the whole tree (and every process ever seen in it), SIGKILL what is left after `grace`."""
         for p in procs.tree(self.child.pid):

@@ -77,6 +77,14 @@ class HeartbeatMonitor:
                     self.learner.record(t.record.phase, now - t.changed_at)
                 self.tracks[hb.rank] = _Track(key, now, hb)
 
+    def restart_clock(self, now: float) -> None:
+        """Judge the attempt as if it started at `now`: time it could not have used to beat (its
+        trainer waited for the download of its checkpoint) counts against neither its start-up nor
+        the phase it is in."""
+        self.spawned_at = now
+        for t in self.tracks.values():
+            t.changed_at = now
+
     @property
     def first(self) -> Optional[HeartbeatRecord]:
         """Rank 0's latest heartbeat (or any rank's when rank 0 has none)."""

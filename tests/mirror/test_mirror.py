@@ -70,8 +70,13 @@ def test_new_node_resumes_from_the_remote_bit_exact(tmp_path, s3_server, bucket,
     assert [e["step"] for e in restored] == [15]
     starts = events(rd, Event.ATTEMPT_STARTED)
     assert starts[0]["resume_from"] == str(RunDir(rd).checkpoint(15))
-    # The first attempt's interpreter was started before the download, so its imports overlapped it.
+    # The first attempt started (told to resume from the checkpoint still arriving) before the
+    # download ended, so its imports and the script's start overlapped it; that process trained.
+    names = [e["event"] for e in events(rd)]
+    assert names.index(Event.ATTEMPT_STARTED) < names.index(Event.CHECKPOINT_RESTORED_FROM_MIRROR), names
     [first] = events(rd, Event.FIRST_STEP)
+    assert first["pid"] == starts[0]["pid"], (first, starts[0])
+    assert events(rd, Event.ATTEMPT_ENDED)[0]["resumed_from"] == str(RunDir(rd).checkpoint(15))
     began, downloaded = (datetime.datetime.fromisoformat(t) for t in (first["process_start_time"], restored[0]["time"]))
     assert starts[0]["warm"] and began < downloaded, (starts[0], first, restored)
     assert_equal_state(weights(out), reference(tmp_path), "new node's final weights vs the uninterrupted run")
@@ -106,11 +111,43 @@ def test_corrupt_remote_object_is_skipped_and_the_older_one_used(tmp_path, s3_se
     assert [e["step"] for e in events(rd, Event.CHECKPOINT_RESTORED_FROM_MIRROR)] == [10]
     assert any(newest.rstrip("/") in e["path"] and "digest mismatch" in e["reason"]
                for e in events(rd, Event.CHECKPOINT_REJECTED))
-    assert events(rd, Event.ATTEMPT_STARTED)[0]["resume_from"] == str(RunDir(rd).checkpoint(10))
+    # It started while step 15 was arriving; the download failed and it was told nothing else.
+    assert events(rd, Event.ATTEMPT_STARTED)[0]["resume_from"] == str(RunDir(rd).checkpoint(15))
+    assert events(rd, Event.ATTEMPT_ENDED)[0]["resumed_from"] == str(RunDir(rd).checkpoint(10))
     # `export` of the mirror: downloaded, verified, the corrupt newest skipped.
     r = run_cli("export", mirror, str(tmp_path / "model.pt"), "--model-only", env=sup_env(**s3_server.env()))
     assert r.returncode == 0 and (tmp_path / "model.pt").stat().st_size > 0, r.stderr[-3000:]
     assert "digest mismatch" in r.stderr and '"step": 10' in r.stderr
+
+
+def _corrupt(server: S3Server, bucket: str, step: int) -> None:
+    """Bit rot in one member of remote checkpoint `step`: same size, other bytes."""
+    c = server.client()
+    member = next(o["Key"] for o in c.list_objects_v2(Bucket=bucket, Prefix=f"toy/{checkpoint_name(step)}/")["Contents"]
+                  if not o["Key"].endswith(MANIFEST_NAME) and o["Size"] > 0)
+    body = bytearray(c.get_object(Bucket=bucket, Key=member)["Body"].read())
+    body[len(body) // 2] ^= 0xFF
+    c.put_object(Bucket=bucket, Key=member, Body=bytes(body))
+
+
+@pytest.mark.parametrize("corrupt,resumes", [((15,), 10), ((10, 15), None)], ids=["older-one", "fresh-start"])
+def test_a_trainer_waiting_for_a_download_that_fails_falls_back_bit_exact(tmp_path, s3_server, bucket, first_node,
+                                                                         corrupt, resumes):
+    """The first attempt starts while step 15 downloads; the download fails its digest check. The
+    waiting trainer resumes from what the supervisor could restore (step 10), or starts fresh when
+    nothing verifies, never from the partial download, and ends bit-exact with an uninterrupted run."""
+    mirror = _copy_remote(s3_server, first_node, bucket)
+    for step in corrupt:
+        _corrupt(s3_server, bucket, step)
+    rd, out = _new_node(tmp_path, s3_server, mirror, "--prestart")
+    assert [e["step"] for e in events(rd, Event.CHECKPOINT_RESTORED_FROM_MIRROR)] == ([resumes] if resumes else [])
+    [start] = events(rd, Event.ATTEMPT_STARTED)
+    assert start["resume_from"] == str(RunDir(rd).checkpoint(15))
+    [ended] = events(rd, Event.ATTEMPT_ENDED)
+    assert ended["resumed_from"] == (str(RunDir(rd).checkpoint(resumes)) if resumes else None), ended
+    [first] = events(rd, Event.FIRST_STEP)
+    assert first["pid"] == start["pid"], (first, start)
+    assert_equal_state(weights(out), reference(tmp_path), "final weights after the fallback vs the uninterrupted run")
 
 
 def _commit(rd: RunDir, step: int, members: dict[str, bytes]) -> Path:

@@ -73,6 +73,9 @@ def restore(run: Trained, memory: Optional[MemorySource] = None) -> None:
     """Load the newest loadable candidate on every rank, falling back to older ones (see the module doc)."""
     group = run.engine.group
     requested = run.env.resume_from
+    # Every rank waits out a download of the pick (a new node): rank 0 alone would leave the others
+    # in a broadcast bounded by the collective timeout, which a big download may outlast.
+    rundir.wait_for_download(requested, on_wait=lambda p: _say_waiting(run, p))
     pick = _candidates(run, requested, memory) if run.rank == 0 else iter(())
     while True:
         cand = group.broadcast(next(pick, None), "checkpoint choice")
@@ -91,6 +94,11 @@ def restore(run: Trained, memory: Optional[MemorySource] = None) -> None:
             if cand.memory and memory is not None:
                 memory.dropped(path)
         run.resumed_from = None
+
+
+def _say_waiting(run: Trained, path: Path) -> None:
+    if run.rank == 0:
+        say(f"waiting for {path}: the supervisor is still downloading it from the mirror")
 
 
 def _try(run: Trained, path: Path) -> list[tuple[int, str]]:

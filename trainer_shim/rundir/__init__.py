@@ -22,6 +22,7 @@ One module per idea:
     events     Event (every event name), append/read events, poisoning, gave_up reasons
     manifest   MANIFEST.json, CheckpointKind, checkpoint validation
     selection  newest valid checkpoint, the `latest` link
+    pending    a checkpoint the supervisor is still downloading (a new node's first attempt waits for it)
     commit     the one commit protocol (tmp dir, hashed members, manifest last, rename), discard
     writeback  a file flushed to disk in the background while it is written (the final fsync waits for the tail)
     index      checkpoint_metadata.json, checkpoint search roots
@@ -47,6 +48,8 @@ Run-dir layout::
       checkpoints/step-XXXXXXXX/ committed checkpoints, MANIFEST.json written last
       checkpoints/.tmp-*         in-flight or abandoned writes, never chosen
       checkpoints/latest         symlink to the newest committed checkpoint
+      checkpoints/.downloading.json  the checkpoint the live supervisor is downloading from the mirror
+                                 (supervisor writes, removes when done; the trainer waits for it)
       checkpoint-N/              a HF Trainer's checkpoints (in its output_dir; MANIFEST.json added)
       checkpoint_roots.json      other dirs holding checkpoint dirs (a Trainer's output_dir)
       logs/attempt-NNNN.log      child output per attempt (supervisor writes)
@@ -95,6 +98,7 @@ from .records import (
     HEARTBEAT_FIELDS, ErrorRecord, HeartbeatRecord, Phase, RunState, StandbyMessage, SupervisorState, read_heartbeat,
     read_heartbeat_record,
 )
+from .pending import DOWNLOAD_RECORD, announce_download, download_pending, settle_download, wait_for_download
 from .selection import choose, iter_checkpoint_dirs, newest_valid, repoint_latest
 from .snapshots import (
     SHM_DIR, SNAPSHOT_PREFIX, SNAPSHOT_SLOTS, TABLE_SUFFIX, TENSOR_REF, TENSORS_SUFFIX, slot_prefix, snapshot_slot_paths,
@@ -138,6 +142,7 @@ __all__ = [
     "FORMAT_VERSION", "MANIFEST_NAME", "CheckpointKind", "FileEntry", "Manifest", "CheckpointInfo",
     "new_hasher", "digest_file", "safe_member", "inspect_checkpoint", "commit_age", "iter_checkpoint_dirs", "newest_valid", "choose",
     "repoint_latest", "index_entry", "read_index", "checkpoint_roots",
+    "DOWNLOAD_RECORD", "announce_download", "settle_download", "download_pending", "wait_for_download",
     # framework layouts
     "HF_PREFIX", "hf_checkpoint_name", "parse_hf_checkpoint_name", "ROOTS_FILE", "roots_file", "read_extra_roots",
     "record_extra_root", "LIGHTNING_CKPT", "ATTACH_DIR", "CALLBACK_OPTIONS", "parse_callback_options",

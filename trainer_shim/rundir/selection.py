@@ -17,6 +17,7 @@ from .env import RESUME_NONE
 from .errors import InvalidCheckpoint
 from .layout import LATEST, TMP_PREFIX, inside, parse_checkpoint_name
 from .manifest import CheckpointInfo, inspect_checkpoint
+from .pending import wait_for_download
 
 __all__ = ["iter_checkpoint_dirs", "newest_valid", "choose", "repoint_latest"]
 
@@ -95,10 +96,12 @@ def choose(
 ) -> Optional[CheckpointInfo]:
     """The checkpoint to resume from, for every front end: the supervisor's pick `requested`
     (RESILIENT_RESUME_FROM) when it validates, else the newest valid one older than it (or than
-    `below_step`); None for a fresh start (`requested` is RESUME_NONE, or nothing validates)."""
+    `below_step`); None for a fresh start (`requested` is RESUME_NONE, or nothing validates).
+    A pick the supervisor is still downloading (pending.py) is waited for, then validated like any."""
     if requested == RESUME_NONE:
         return None
     if requested:
+        wait_for_download(requested)
         try:
             return inspect_checkpoint(Path(requested), full=full)
         except InvalidCheckpoint as e:
