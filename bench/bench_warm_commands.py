@@ -5,7 +5,8 @@ Each job runs under the supervisor twice per repetition, side by side in this pr
 SIGKILLs the trainer (the warm run also waits for its standby's ready file), and the figure is attempt
 2's `attempt_started` -> its `first_step` event. For launchers that run the trainer as a child
 (`accelerate launch`, `swift sft`) it is split at the trainer process's start (first_step's
-`process_start_time`): the launcher's part is all a warm restart can save, the child starts cold.
+`process_start_time`): the launcher's part. A warm `swift sft` runs its child inside the warm
+interpreter (trainer_shim/_launch/inline.py): no child process, shown as "in-process".
 
   -m toy     `python -m tests.jobs.toy_train` (torch only)
   -m hf      `python -m tests.integrations.hf_job` (a tiny HF Trainer job, held at step 6 in attempt 1:
@@ -97,6 +98,8 @@ def run_once(work: Path, python: str, command: list[str], env: dict, warm: bool,
     [start], [first] = _events(rd, Event.ATTEMPT_STARTED, 2), _events(rd, Event.FIRST_STEP, 2)
     assert start["warm"] == warm, start
     begin = _t(start["time"])
+    if first.get("pid") == start.get("pid"):  # the trainer ran in the attempt's own process
+        return _t(first["time"]) - begin, float("nan")
     return _t(first["time"]) - begin, _t(first["process_start_time"]) - offset - begin
 
 
@@ -123,14 +126,17 @@ def _jobs(args: argparse.Namespace, root: Path) -> dict[str, tuple[str, list[str
             "--dataset", str(data / "data.jsonl"), "--tuner_type", "full", "--output_dir", "out",
             "--add_version", "false", "--num_train_epochs", "1", "--per_device_train_batch_size", "1",
             "--gradient_accumulation_steps", "1", "--save_steps", "5", "--logging_steps", "5", "--report_to", "none",
-            "--dataloader_num_workers", "0", "--torch_dtype", "float32", "--split_dataset_ratio", "0"],
+            "--dataloader_num_workers", "0", "--torch_dtype", "float32", "--split_dataset_ratio", "0",
+            # ms-swift's switch for an offline box: else each start spends ~20 s on ModelScope hub retries.
+            "--check_model", "false"],
             {**env, "PATH": f"{bin_dir}{os.pathsep}{env['PATH']}"}, [None, "swift.cli.main"])
     return {k: v for k, v in jobs.items() if not args.only or k in args.only.split(",")}
 
 
 def _row(name: str, variant: str, runs: list[tuple[float, float]], cold: float, launched: bool) -> tuple[str, ...]:
     total = statistics.median(r[0] for r in runs)
-    split = f" (launcher {statistics.median(r[1] for r in runs):.2f} s)" if launched else ""
+    inline = any(r[1] != r[1] for r in runs)  # NaN: no child process
+    split = (" (in-process)" if inline else f" (launcher {statistics.median(r[1] for r in runs):.2f} s)") if launched else ""
     return (name, variant, f"{total:.2f} s{split}", f"{total / cold:.2f}", ", ".join(f"{r[0]:.2f}" for r in runs))
 
 

@@ -37,10 +37,12 @@ def no_standby_left(marker: str) -> None:
         assert not (WARM_MODULE in cmd and any(marker in c for c in cmd)), cmd
 
 
-def warm_run(rd: Path, command: list[str], env: dict, cwd: Optional[Path] = None, imported: tuple[str, ...] = ()) -> None:
+def warm_run(rd: Path, command: list[str], env: dict, cwd: Optional[Path] = None, imported: tuple[str, ...] = (),
+             kill_trainer: bool = False) -> None:
     """`resilient-run -- command`, its attempt 1 SIGKILLed once attempt 2's warm interpreter has imported
     torch and `imported` (its ready file, polled) and attempt 1 is past step 5 (a checkpoint): the job
-    must succeed with attempt 2 run warm by a ready interpreter."""
+    must succeed with attempt 2 run warm by a ready interpreter. `kill_trainer`: the process that
+    heartbeats is killed (a launcher's child), not the attempt's own process."""
     p = start_cli("--run-dir", str(rd), "--backoff", "0", "--", *command, env=env, cwd=cwd)
     try:
         def ready() -> bool:
@@ -49,7 +51,8 @@ def warm_run(rd: Path, command: list[str], env: dict, cwd: Optional[Path] = None
                     and ((heartbeat(rd) or {}).get("step") or 0) > 5)
 
         wait_until(ready, timeout=90, what=f"attempt 2's warm interpreter with {imported or 'torch'} imported")
-        os.kill(events(rd, Event.ATTEMPT_STARTED)[0]["pid"], signal.SIGKILL)
+        victim = heartbeat(rd)["pid"] if kill_trainer else events(rd, Event.ATTEMPT_STARTED)[0]["pid"]
+        os.kill(victim, signal.SIGKILL)
         _, err = p.communicate(timeout=180)
     finally:
         kill_group(p)

@@ -30,14 +30,21 @@ from tests.jobs.toy_train import main
 if __name__ == "__main__":
     sys.exit(main())
 """
+# A Python launcher as `swift sft` is one: runs the trainer as `python FILE.py ARGS` and exits with its status.
+LAUNCHER_SCRIPT = f"""#!{PYTHON}
+import subprocess, sys
+result = subprocess.run([sys.executable, {str(Path(__file__).resolve().parents[1] / "jobs" / "toy_train.py")!r}, *sys.argv[1:]])
+sys.exit(result.returncode)
+"""
 # Attempt 1 fails at once, attempt 2 succeeds: enough to see whether attempt 2 was prestarted.
 FAIL_ONCE = "import os, sys; sys.exit(1 if os.environ['RESILIENT_ATTEMPT'] == '1' else 0)"
 
 
-def _toy_warm_run(tmp_path: Path, name: str, command: list[str], env: dict, imported: tuple[str, ...] = ()) -> Path:
+def _toy_warm_run(tmp_path: Path, name: str, command: list[str], env: dict, imported: tuple[str, ...] = (),
+                  kill_trainer: bool = False) -> Path:
     """The toy job's `command` under the supervisor, killed once warm (helpers.warm_run); bit-exact."""
     rd, out = tmp_path / name, tmp_path / f"{name}.pt"
-    warm_run(rd, [*command, "--out", str(out), *SLOW], env, cwd=tmp_path, imported=imported)
+    warm_run(rd, [*command, "--out", str(out), *SLOW], env, cwd=tmp_path, imported=imported, kill_trainer=kill_trainer)
     assert_bit_exact(out, reference(tmp_path))
     no_standby_left(str(out))
     return rd
@@ -63,6 +70,25 @@ def test_a_console_script_of_our_python_restarts_warm(tmp_path):
     env = sup_env(TOY_STEP_SLEEP_ATTEMPT="1", PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     rd = _toy_warm_run(tmp_path, "console", ["toy-train"], env)
     assert [e["preloaded"] for e in events(rd, Event.ATTEMPT_STARTED)] == [[], []]
+
+
+def test_a_python_launchers_child_restarts_warm_inside_the_warm_interpreter(tmp_path):
+    """`-- toy-launch` runs the trainer as `python toy_train.py` (as `swift sft` does). Attempt 1's child
+    imports transformers and is killed; attempt 2's warm interpreter (which imported transformers, the
+    launcher's child having recorded it) runs the launcher, and its child inside the same process."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "toy-launch").write_text(LAUNCHER_SCRIPT)
+    (bin_dir / "toy-launch").chmod(0o755)
+    env = sup_env(TOY_STEP_SLEEP_ATTEMPT="1", TOY_IMPORT="transformers",
+                  PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    rd = _toy_warm_run(tmp_path, "launcher", ["toy-launch"], env, imported=("transformers",), kill_trainer=True)
+    started = events(rd, Event.ATTEMPT_STARTED)
+    assert [e["preloaded"] for e in started] == [[], ["transformers"]]
+    trainer = {e["attempt"]: e["pid"] for e in events(rd, Event.FIRST_STEP)}
+    assert trainer[1] != started[0]["pid"], "attempt 1's trainer is the launcher's child"
+    assert trainer[2] == started[1]["pid"], "attempt 2's trainer ran inside the warm interpreter"
+    assert "toy_train: transformers was preloaded" in RunDir(rd).attempt_log(2).read_text()
 
 
 @pytest.fixture(scope="module")

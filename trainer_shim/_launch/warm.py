@@ -7,8 +7,9 @@ imports torch (and the --preload modules), then blocks on one line from stdin: t
 StandbyMessage with the next attempt's environment. While it waits it also imports the frameworks
 the running attempt recorded (rundir.warm). It then runs TARGET as `__main__` in this same process
 (same pid, process group, output pipes, PDEATHSIG and oom_score_adj as the supervisor spawned it),
-so a restart skips the interpreter start and torch's ~1.5 s of imports. EOF on stdin: not needed,
-exit 0 silently.
+so a restart skips the interpreter start and torch's ~1.5 s of imports. A launcher's trainer child
+(`swift sft` runs `python FILE.py ARGS` and waits) runs in this process as well (`inline`), so it
+starts warm too. EOF on stdin: not needed, exit 0 silently.
 
 The script or module itself is read fresh from disk at that moment: only the preloaded modules are
 shared with the interpreter's start, never the job's own code. Exceptions, `sys.exit` codes and
@@ -30,6 +31,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+from . import inline
 from ..rundir import EXIT_OK, StandbyMessage, frameworks_of_child, write_warm_ready
 
 # How often a waiting interpreter looks at the frameworks record: a stat and a small read, while the
@@ -98,7 +100,9 @@ def _wait(ready: Optional[Path], record: Optional[Path], preloaded: list[str]) -
 
 
 def _run(target: list[str]) -> None:
-    """Run TARGET as `python SCRIPT ARGS` or `python -m MODULE ARGS` would: the same sys.argv and sys.path[0]."""
+    """Run TARGET as `python SCRIPT ARGS` or `python -m MODULE ARGS` would: the same sys.argv and sys.path[0].
+    A launcher's `python FILE.py` child runs in this process too (`inline`)."""
+    inline.install()
     if target[0] == "-m":
         # `python -m` puts the working directory first on sys.path: so did ours (started as `-m` in the
         # same cwd). sys.argv[0] is the module's file: run_module's alter_sys sets it, as `-m` does.

@@ -5,15 +5,17 @@
   it imports more. The supervisor reads it when it hands the interpreter its attempt
   (`attempt_started` `warm_ready` and `preloaded`).
 * The frameworks record (`RunDir.frameworks`): at its first step a trainer records which of
-  PRELOAD_FRAMEWORKS it has imported, with its parent's pid. The warm interpreter waiting for the
-  next attempt imports them too, but only when that parent is its own (the supervisor): then the
-  trainer ran in the attempt's own process, as the next one will. A trainer below a launcher
-  (`swift sft`, `accelerate launch` run it as their child) has another parent, and importing its
-  frameworks into the warm launcher would only cost memory: the child starts cold all the same.
+  PRELOAD_FRAMEWORKS it has imported, with its parent's pid, and its grandparent's when its parent
+  runs the same Python (a Python launcher: `swift sft` runs the trainer as its child). The warm
+  interpreter waiting for the next attempt imports them too, but only when that parent or that
+  grandparent is its own (the supervisor): then the trainer ran in the attempt's own process or as
+  a Python launcher's child, which the warm attempt runs in its own process (`_launch.inline`). Below
+  a shell or another program the child starts cold all the same: importing would only cost memory.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Container, Iterable
 from pathlib import Path
 from typing import Optional
@@ -34,19 +36,34 @@ def record_frameworks(path: Path, loaded: Container[str], pid: int, parent: int)
     modules = [m for m in PRELOAD_FRAMEWORKS if m in loaded]
     try:
         if modules or path.exists():
-            atomic_write_json(path, {"modules": modules, "pid": pid, "parent": parent}, durable=False)
+            atomic_write_json(path, {"modules": modules, "pid": pid, "parent": parent,
+                                     "grandparent": _python_parent_of(parent, pid)}, durable=False)
     except OSError:
         pass
 
 
+def _python_parent_of(parent: int, pid: int) -> Optional[int]:
+    """The parent of `parent` when `parent` runs the same executable as `pid` (a Python launcher of the
+    trainer); None otherwise or when /proc cannot tell."""
+    try:
+        if os.readlink(f"/proc/{parent}/exe") != os.readlink(f"/proc/{pid}/exe"):
+            return None
+        with open(f"/proc/{parent}/stat", "rb") as f:
+            stat = f.read()
+        return int(stat[stat.rindex(b")") + 2:].split()[1])  # after "pid (comm) state": ppid
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def frameworks_of_child(path: Path, parent: int) -> tuple[str, ...]:
-    """The frameworks recorded by a trainer whose parent was `parent`; () otherwise (also for a missing or
-    bad record)."""
+    """The frameworks recorded by a trainer whose parent, or Python launcher's parent, was `parent`; ()
+    otherwise (also for a missing or bad record)."""
     try:
         d = read_json(path)
     except ContractError:
         return ()
-    if not isinstance(d, dict) or d.get("parent") != parent or not isinstance(d.get("modules"), list):
+    if not isinstance(d, dict) or parent not in (d.get("parent"), d.get("grandparent")) \
+            or not isinstance(d.get("modules"), list):
         return ()
     return tuple(m for m in PRELOAD_FRAMEWORKS if m in d["modules"])
 
