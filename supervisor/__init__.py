@@ -6,13 +6,14 @@ env names, exit codes) is `trainer_shim.rundir`.
 Where things live (one room per idea; each room's __init__ maps its modules):
 
     process/      process control: spawn, watch and stop the job's processes
-                    attempts, cgroup, heartbeat, launch, prestart, procs, snapshots, stopping,
-                    wakeup
+                    attempts, cgroup, first_attempt, heartbeat, launch, prestart, procs, snapshots,
+                    stopping, wakeup
     decisions/    what an ended attempt means and what to do next
                     choice, classify, decide, divergence, failure_policy, learned_timeout, policy,
                     smart_restarts
     insight/      what the run tells the world: records, status, reports, metrics
-                    doctor, export, journal, metrics, notify, progress, render, report, status
+                    doctor, export, journal, metrics, notify, periodic, progress, render, report,
+                    status
     mirror/       checkpoints on S3-compatible object storage (--mirror; boto3 only when used)
                     mirror, remote, uploader, url, _client
     agent         Supervisor: one loop, signal handlers that only queue, handle_<sig>

@@ -4,7 +4,9 @@ Shape (after gunicorn's arbiter): signal handlers only queue; the loop sleeps on
 (wakeup.py), dispatches queued signals to `handle_<sig>` methods, polls the attempt, watches its
 heartbeats and restarts it when the policy says so. What is not the loop lives beside it:
 attempts.py (an attempt and how its end is assessed), journal.py (lock, events, supervisor.json,
-history), prestart.py (the next attempt's launcher), metrics.py, snapshots.py, smart_restarts.py.
+history), prestart.py (the next attempt's launcher), first_attempt.py (on a new node it starts
+during the mirror download), periodic.py (the duties of every turn: watchdog, journal retries,
+metrics, learned timeouts, mirror uploads), snapshots.py, smart_restarts.py.
 """
 
 from __future__ import annotations
@@ -29,12 +31,12 @@ from .messages import say
 from .process.heartbeat import HeartbeatEvents, HeartbeatMonitor, allowance
 from .insight.journal import History, Journal, acquire_lock, kill_leftover_trainer, recover_history, state_record
 from .decisions.learned_timeout import TimeoutLearner
-from .insight.metrics import collect, write_textfile
 from .insight.notify import Notifier
+from .insight.periodic import PeriodicDuties
 from .decisions.policy import Action, RestartPolicy
 from .process.launch import torchrun_options
+from .process.first_attempt import start_first_attempt
 from .process.prestart import Prestarter, standby_fields
-from .insight.progress import CostCache
 from .decisions.smart_restarts import SmartRestarts
 from .process.wakeup import Wakeup
 from .mirror.mirror import Mirror
@@ -44,8 +46,6 @@ __all__ = ["State", "AttemptResult", "Supervisor", "say"]
 STACK_DUMP_WAIT = 2.0              # SIGUSR1 to SIGTERM on a hang: at most this for the stack dumps
 TREE_SCAN_EVERY = 5.0              # how often descendants are recorded (OOM evidence, orphan kill)
 PEER_CRASH_WAIT = 5.0              # ranks alive this long after another crashed are ended (torchrun: 30 s)
-METRICS_EVERY = 10.0
-RETRY_WRITES_EVERY = 5.0
 CHILD_EXIT_GRACE = 5.0             # after the main process exits, its leftovers get this long
 
 
@@ -58,7 +58,6 @@ class Supervisor:
     def __init__(self, config: Config, run_dir: Path) -> None:
         self.config = config
         self.rd = RunDir(run_dir, config.node)
-        self._costs = CostCache(self.rd)  # goodput, lost steps, recovery times for the metrics file
         self.state = State.STARTING
         # A peer node may take its longest silence allowance, the stack dump and the grace period
         # to end a hung attempt and let go of the rendezvous this node would rejoin.
@@ -74,6 +73,8 @@ class Supervisor:
         self.history = History()   # attempt numbers, failure counts, poisoned checkpoints: read by run()
         self.choice = CheckpointChoice(self.rd, self.history.poisoned, self._emit)
         self.mirror = Mirror(config.mirror, self.rd, self._emit, self.history.poisoned)
+        self.duties = PeriodicDuties(self.rd, self.notifier, self.journal, self.learner, self.mirror,
+                                     config.metrics_textfile_dir)
         self.restart_at: Optional[float] = None
         self.next_resume: Optional[str] = None
         self.last_failure: Optional[str] = None
@@ -83,8 +84,6 @@ class Supervisor:
         self._lock_fd: Optional[int] = None
         self._cgroup: Optional[MemoryCgroup] = None
         self._events: Optional[HeartbeatEvents] = None
-        self._last_metrics = 0.0
-        self._last_retry = 0.0
         self._started_at = now_iso()
 
     def run(self) -> int:
@@ -105,12 +104,8 @@ class Supervisor:
             if self.config.memory_limit:
                 self._cgroup = MemoryCgroup.create(f"resilient-run-{os.getpid()}", self.config.memory_limit)
             self._events = HeartbeatEvents(self.rd.heartbeats, self.wakeup.wake)
-            # A new node: the first attempt starts as the download does (_start_during_download).
-            restored = self.mirror.restore(before_download=self._start_during_download)
-            if self.attempt is None:
-                self._start_attempt()
-            else:
-                self._after_download(restored)
+            # A new node: the first attempt starts as the mirror's download does (first_attempt.py).
+            start_first_attempt(self.mirror, self._start_attempt, self._prestart, self.choice.choose)
             self.notifier.ready(self._status_line())
             self._loop()
             return self.exit_code if self.exit_code is not None else EXIT_GAVE_UP
@@ -169,7 +164,7 @@ class Supervisor:
                     self.attempt.mark_failure()
                     self._after_attempt(rc)
             elif self.restart_at is not None and now >= self.restart_at:
-                self._start_attempt()
+                self._start_attempt(self.next_resume)
             self._tick()
 
     def _next_wakeup(self, now: float) -> float:
@@ -186,18 +181,8 @@ class Supervisor:
         return max(t, now + 0.01)
 
     def _tick(self) -> None:
-        """Periodic duties; also called while we block on a kill, so the watchdog stays fed."""
-        now = time.monotonic()
-        if self.notifier.watchdog_due(now):
-            self.notifier.watchdog()
-        if now - self._last_retry >= RETRY_WRITES_EVERY and self.journal.behind:
-            self._last_retry = now
-            self.journal.flush()
-        if now - self._last_metrics >= METRICS_EVERY:
-            self._write_metrics()
-        if self.learner is not None:
-            self.learner.save(now, force=self.attempt is None)
-        self.mirror.poll()
+        """Periodic duties (periodic.py); also called while we block on a kill, so the watchdog stays fed."""
+        self.duties.tick(self.attempt, self.history)
 
     def _watch(self, now: float) -> None:
         a = self.attempt
@@ -241,44 +226,20 @@ class Supervisor:
     def _attempt_env(self, n: int, chosen: Optional[str]) -> dict[str, str]:
         return attempt_environ(self.smart.base_env(), self.rd, n, chosen, self.last_failure)
 
-    def _start_during_download(self, target: Optional[Path]) -> None:
-        """The first attempt starts now, resuming from `target` (where the download is to be
-        committed), so that its imports and the script's own start (building the model) overlap
-        the download; its trainer waits for the download before it restores (rundir.pending)."""
-        self._prestart()
-        if target is not None:
-            self.next_resume = str(target)
-            self._start_attempt(prestart_next=False)   # the next standby's imports would slow the download
-
-    def _after_download(self, restored: Optional[Path]) -> None:
-        a = self.attempt
-        assert a is not None
-        failed = a.downloaded(restored, self.choice.choose)
-        if failed is not None:
-            say(f"attempt {a.number}: the download of {failed} failed; it resumes from {a.chosen or 'scratch'}")
-        self._prestart()
-
-    def _start_attempt(self, prestart_next: bool = True) -> None:
+    def _start_attempt(self, resume: Optional[str] = None, prestart_next: bool = True) -> Attempt:
+        """Start the next attempt, resuming from `resume` (None: the newest valid checkpoint)."""
         self.restart_at = None
-        chosen = self.next_resume if self.next_resume is not None else self.choice.choose()
+        chosen = resume if resume is not None else self.choice.choose()
         self.next_resume = None
         clear_stale_heartbeats(self.rd)
         kernel_log, oom_base = KernelLog(), self._cgroup.oom_kills() if self._cgroup else 0
         cgroup_procs = self._cgroup.procs_file if self._cgroup else None
-        sb = self.prestarter.activate(self.history.attempt_no, lambda n: self._attempt_env(n, chosen), cgroup_procs)
-        if sb is not None:
-            n, child = sb.number, sb.child
-        else:
-            n = next_log_number(self.rd, self.history.attempt_no)
-            log_path = self.rd.attempt_log(n)
-            child = procs.spawn(self.smart.command, env=self._attempt_env(n, chosen), cwd=self.config.working_dir,
-                                log_path=log_path, cgroup_procs=cgroup_procs)
-            if child.log_file is None:
-                say(f"cannot write {log_path}; the child's output goes to the terminal only")
+        n, child, sb = self.prestarter.launch(self.smart.command, self.history.attempt_no,
+                                              lambda n: self._attempt_env(n, chosen), cgroup_procs)
         self.history.attempt_no = n
         self.history.attempts_total += 1
         monitor = HeartbeatMonitor(self.rd, n, self.config, time.monotonic(), self.learner)
-        self.attempt = Attempt.begin(n, child, chosen, monitor, kernel_log, oom_base)
+        self.attempt = a = Attempt.begin(n, child, chosen, monitor, kernel_log, oom_base)
         child.note(f"attempt {n} started at {now_iso()} (pid {child.pid}"
                    + (", prestarted" if sb else "") + f"), resuming from {chosen or 'scratch'}")
         self.state = State.RUNNING
@@ -289,6 +250,7 @@ class Supervisor:
         self.notifier.status(self._status_line())
         if prestart_next:
             self._prestart()  # warm at any moment: a crash before the first step restarts warm too
+        return a
 
     def _prestart(self) -> None:
         """Start the next attempt's launcher now, so that a restart does not wait for its imports."""
@@ -385,16 +347,6 @@ class Supervisor:
         return state_record(self.state.value, self.rd, a.child if a else None, attempt=self.history.attempt_no,
                             restarts=self.policy.restarts, started_at=self._started_at, config=self.config)
 
-    def _write_metrics(self) -> None:
-        self._last_metrics = time.monotonic()
-        snap = collect(self.rd, self.attempt.monitor if self.attempt else None,
-                       attempts_total=self.history.attempts_total, failures=self.history.failures,
-                       poisoned=self.history.poisoned, costs={**self._costs.get(), **self.mirror.metrics()})
-        try:
-            write_textfile(self.rd, snap, self.config.metrics_textfile_dir)
-        except OSError as e:
-            self.journal.warn(str(self.rd.metrics), e)
-
     def _status_line(self, hb: Optional[HeartbeatRecord] = None) -> str:
         step = f", step {hb.step}" if hb else ""
         return f"attempt {self.history.attempt_no}{step}, {self.state.value}"
@@ -419,7 +371,7 @@ class Supervisor:
             self.mirror.close(self.config.grace_period)   # the final checkpoint's upload may finish
             snapshots.free(self.rd)
             self.journal.flush()
-            self._write_metrics()
+            self.duties.write_metrics(self.attempt, self.history)
         if self._cgroup is not None:
             self._cgroup.remove()
         self.notifier.close()

@@ -5,6 +5,7 @@
     journal   the lock, events.jsonl, supervisor.json, history of earlier supervisors
     metrics   the Prometheus textfile
     notify    systemd sd_notify (READY, WATCHDOG, STATUS)
+    periodic  every turn of the loop: watchdog, journal retries, metrics file, learned timeouts, mirror poll
     progress  goodput, lost steps, ETA
     render    reports to text and rich tables
     report    what the failures of a run cost, from events.jsonl

@@ -5,7 +5,7 @@ For a torchrun job it is a prestarted torchrun (trainer_shim._launch.standby); f
 modules and the frameworks the running attempt recorded imported (trainer_shim._launch.warm); which
 command gets which: warmable.py. Either waits on its stdin for one `StandbyMessage` (the attempt's
 environment) and is then attempt N; its log is logs/standby-N.log until then, so an idle standby is
-never mistaken for an attempt.
+never mistaken for an attempt. Without a usable standby the attempt starts cold (`launch`).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import psutil
 from trainer_shim.rundir import RunDir, StandbyMessage, read_warm_ready
 
 from . import procs
+from .attempts import next_log_number
 from .warmable import standby_route
 from ..messages import say
 
@@ -134,6 +135,20 @@ class Prestarter:
         except OSError:
             pass
         return sb
+
+    def launch(self, command: Sequence[str], after: int, env_of: Callable[[int], dict[str, str]],
+               cgroup_procs: Optional[str]) -> tuple[int, procs.Child, Optional[Standby]]:
+        """The next attempt's number and process: the standby when it is usable, else `command`
+        spawned cold (numbered after `after` and any log that exists: no log is overwritten)."""
+        sb = self.activate(after, env_of, cgroup_procs)
+        if sb is not None:
+            return sb.number, sb.child, sb
+        n = next_log_number(self.rd, after)
+        log_path = self.rd.attempt_log(n)
+        child = procs.spawn(command, env=env_of(n), cwd=self.working_dir, log_path=log_path, cgroup_procs=cgroup_procs)
+        if child.log_file is None:
+            say(f"cannot write {log_path}; the child's output goes to the terminal only")
+        return n, child, None
 
     def discard(self) -> None:
         """Kill the standby (if any) and remove its files: it never ran an attempt."""
