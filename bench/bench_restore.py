@@ -7,6 +7,9 @@ two fresh processes that import torch and the shim, build the model and an optim
 state (as after a restart), then time only the restore:
 - ours: `trainer_shim.init(...)` restoring from the slot (every digest verified, the optimizer
   state materialised), to init()'s return;
+- ours, warm: the same, in a process that first did what resilient-run's warm standby does while it
+  waits for its attempt (`_engine.landing.keep_ready`: the restore's landing memory faulted in), as
+  a restart under the supervisor meets it;
 - bare: `torch.load` of the same state from a page-cached file (read just before) +
   `model.load_state_dict` + `optimizer.load_state_dict`, unverified.
 Beside them, what each child had imported: DCP (torch.distributed.checkpoint) has no business on a
@@ -61,10 +64,16 @@ def child(mode: str, mb: int, rd: str, f: str) -> None:
         torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, f)
         run = trainer_shim.init(model=model, optimizer=opt, run_dir=rd, memory_every_steps=1, save_on_epoch_end=False)
         run.step()
+        run.engine.fast.drain(600)   # the snapshot is hashed in the background: complete before the kill
         os.kill(os.getpid(), signal.SIGKILL)
+    if mode == "warm":
+        from trainer_shim import rundir
+        from trainer_shim._engine import landing
+
+        assert landing.keep_ready(rundir.snapshot_slot_paths(Path(rd))) > 0, "no room for the landing memory"
     model, opt = build(mb, populate=False)
     t0 = time.perf_counter()
-    if mode == "ours":
+    if mode in ("ours", "warm"):
         run = trainer_shim.init(model=model, optimizer=opt, run_dir=rd, memory_every_steps=1, save_on_epoch_end=False)
         took = time.perf_counter() - t0
         ok = run.global_step == 1   # from the slot: the parent checks the shim's "resumed from memory" line
@@ -75,7 +84,7 @@ def child(mode: str, mb: int, rd: str, f: str) -> None:
         took = time.perf_counter() - t0
         ok = True
     print(json.dumps({"s": took, "ok": bool(ok), "dcp": "torch.distributed.checkpoint" in sys.modules}), flush=True)
-    if mode == "ours":
+    if mode in ("ours", "warm"):
         run.engine.fast.drain(600)   # the slot's background persist (a no-op once step-1 is on disk)
         os.kill(os.getpid(), signal.SIGKILL)  # leave the slot as a crash does: the next round restores it again
 
@@ -89,7 +98,7 @@ def _run(mode: str, mb: int, rd: Path, f: Path) -> dict:
         return {}
     assert lines, p.stderr[-2000:]
     out = json.loads(lines[-1])
-    if mode == "ours":
+    if mode in ("ours", "warm"):
         out["ok"] = out["ok"] and "resumed from memory" in p.stderr
     return out
 
@@ -109,26 +118,27 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="bench-restore-", dir=os.environ.get("BENCH_TMP")) as d:
         rd, f = Path(d) / "run", Path(d) / "state.pt"
-        res: dict[str, list] = {"ours": [], "bare": []}
+        res: dict[str, list] = {"ours": [], "warm": [], "bare": []}
         try:
             _run("setup", args.mb, rd, f)
             for _ in range(args.rounds):
                 f.read_bytes()   # page-cached, as the goal says
-                for mode in ("bare", "ours"):
+                for mode in ("bare", "ours", "warm"):
                     res[mode].append(_run(mode, args.mb, rd, f))
         finally:
             rundir.free_slots(rd)
-    ours = statistics.median(r["s"] for r in res["ours"])
-    bare = statistics.median(r["s"] for r in res["bare"])
-    assert all(r["ok"] for r in res["ours"]), "a round did not restore from the memory slot"
+    med = {mode: statistics.median(r["s"] for r in rs) for mode, rs in res.items()}
+    assert all(r["ok"] for r in res["ours"] + res["warm"]), "a round did not restore from the memory slot"
     print(f"state: {args.mb} MiB (model + Adam), {args.rounds} rounds, fresh processes; load average "
           f"{os.getloadavg()[0]:.1f}")
-    print(f"{'':<72} {'ratio':>6}  goal")
-    ratio = ours / bare
-    verdict = "met" if ratio <= 0.3 else "MISSED"
-    print(f"{f'memory-slot restore via init() / torch.load + load_state_dict ({ours:.3f} s vs {bare:.3f} s)':<72} "
-          f"{ratio:>6.2f}  <= 0.3  {verdict}")
-    print(f"  DCP imported by the restore: ours {any(r['dcp'] for r in res['ours'])}, "
+    print(f"{'memory-slot restore via init() / torch.load + load_state_dict':<80} {'ratio':>6}  goal")
+    for mode, label in (("ours", "a fresh process, no supervisor"),
+                        ("warm", "the supervisor's warm standby (landing memory faulted in)")):
+        ratio = med[mode] / med["bare"]
+        verdict = "met" if ratio <= 0.3 else "MISSED"
+        row = f"  {label} ({med[mode]:.3f} s vs {med['bare']:.3f} s)"
+        print(f"{row:<80} {ratio:>6.2f}  <= 0.3  {verdict}")
+    print(f"  DCP imported by the restore: ours {any(r['dcp'] for r in res['ours'] + res['warm'])}, "
           f"bare {any(r['dcp'] for r in res['bare'])}")
 
 

@@ -67,7 +67,8 @@ class Supervisor:
         self.smart = SmartRestarts(config)   # divergence fallback, per-kind budgets, policy actions
         self.learner = TimeoutLearner(self.rd, config.heartbeat_timeout_floor) if config.heartbeat_timeout_auto else None
         self.journal = Journal(self.rd, self._state_record)
-        self.prestarter = Prestarter(self.rd, config.preload, config.working_dir, self._tick)
+        self.prestarter = Prestarter(self.rd, config.preload, config.working_dir, self._tick,
+                                     landing=not config.memory_limit)
         self.wakeup = Wakeup((signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD))
         self.attempt: Optional[Attempt] = None
         self.history = History()   # attempt numbers, failure counts, poisoned checkpoints: read by run()

@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import psutil
 
-from trainer_shim.rundir import RunDir, StandbyMessage, read_warm_ready
+from trainer_shim.rundir import RunDir, StandbyMessage, read_warm_ready, snapshot_slot_paths
 
 from . import procs
 from .attempts import next_log_number
@@ -55,8 +55,11 @@ class Prestarter:
     """Owns at most one standby: starts it, hands it an attempt, or discards it."""
 
     def __init__(self, rd: RunDir, preload: Sequence[str], working_dir: Optional[str],
-                 tick: Callable[[], None]) -> None:
+                 tick: Callable[[], None], landing: bool = True) -> None:
         self.rd = rd
+        # A warm interpreter keeps a restore's landing memory faulted in (trainer_shim._engine.landing),
+        # not under --memory-limit: pages it faults outside the job's cgroup stay charged outside it.
+        self.landing = landing
         self.preload = tuple(preload)
         self.working_dir = working_dir
         self._tick = tick
@@ -78,7 +81,9 @@ class Prestarter:
             # The ready file says its imports are done (a restart before that still uses it: it is ahead
             # of a cold start); the frameworks record says what the running attempt imported.
             options = ((f"--preload={','.join(self.preload)}",) if self.preload else ()) + (
-                f"--ready={self.rd.warm_ready(n)}", f"--frameworks={self.rd.frameworks}")
+                f"--ready={self.rd.warm_ready(n)}", f"--frameworks={self.rd.frameworks}") + (
+                (f"--slots={','.join(map(str, snapshot_slot_paths(self.rd.root, self.rd.node)))}",)
+                if self.landing else ())
         log_path = self.rd.standby_log(n)
         log_path.unlink(missing_ok=True)  # an idle standby's log left by a killed supervisor: never an attempt's
         try:  # the attempt's own variables come over the pipe when it is needed

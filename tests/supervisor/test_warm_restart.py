@@ -9,6 +9,8 @@ import torch
 from tests.conftest import JOBS
 from tests.faults.common import reference
 
+from trainer_shim.rundir import RunDir
+
 from .helpers import alive, attempt_pids, ended_kinds, events, no_standby_left, run_cli, sup_env
 
 TOY = str(JOBS / "toy_train.py")
@@ -63,4 +65,24 @@ def test_a_crash_before_the_first_step_restarts_warm(tmp_path):
     assert ended_kinds(rd) == ["crash", "success"]
     assert events(rd, "first_step")[0]["attempt"] == 2   # attempt 1 never reached a step
     assert [e["warm"] for e in events(rd, "attempt_started")] == [False, True]
+    no_standby_left(str(out))
+
+
+def test_a_warm_restart_restores_its_memory_snapshot_into_memory_the_standby_faulted_in(tmp_path):
+    """While it waits, the warm interpreter keeps the optimizer state's landing memory faulted in
+    (trainer_shim._engine.landing, sized from the run's complete memory snapshot slots): the restart's
+    restore from the slot reads into it instead of faulting fresh pages, and ends bit-exact."""
+    # ~0.5 MiB of Adam state; no disk save before the kill: the supervisor persists the slot as it is
+    args = ("--hidden", "256", "--save-every", "100")
+    expected = reference(tmp_path, *args)
+    rd, out = tmp_path / "landing", tmp_path / "landing.pt"
+    r = run_cli("--run-dir", str(rd), "--backoff", "0", TOY, *args, "--out", str(out), "--step-sleep", "0.3",
+                env=sup_env(TOY_FAULTS="1:kill_settled@20", TOY_MEMORY_EVERY="1", TOY_STEP_SLEEP_ATTEMPT="1"),
+                timeout=180)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert [e["warm"] for e in events(rd, "attempt_started")] == [False, True]
+    log = RunDir(rd).attempt_log(2).read_text()
+    assert "resumed from memory step 20 (" in log and "MiB into memory the warm standby had faulted in)" in log, log
+    got = torch.load(out)
+    assert all(torch.equal(got[k], expected[k]) for k in expected) and got.keys() == expected.keys()
     no_standby_left(str(out))

@@ -5,6 +5,7 @@ Private: users rely only on what `trainer_shim` exports.
     async_save       async disk saves and memory snapshots through shared-memory slots
     checkpoint       member I/O: hashed, fsynced writes; safe weights_only reads; the manifest
     data             mid-epoch data resume: skip consumed batches by index
+    landing          memory a restore lands in, faulted in by the warm standby while it waits
     engine           the collaborators saving/restoring/async saves share (Engine, Reporter, Stream)
     loading          `load()`: verify and load a checkpoint outside a training run
     memory_snapshot  write a checkpoint into a /dev/shm slot with the stall of a memory copy

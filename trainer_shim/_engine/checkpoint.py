@@ -22,11 +22,8 @@ from . import raw_tensors
 from ..rundir.writeback import Writeback
 from .. import rundir
 from ..errors import CheckpointError
-from ..rundir import CheckpointKind, FileEntry, Manifest
+from ..rundir import MODEL_FILE, OPTIMIZER_FILE, TRAINER_FILE, CheckpointKind, FileEntry, Manifest
 
-MODEL_FILE = "model.pt"
-OPTIMIZER_FILE = "optimizer.pt"
-TRAINER_FILE = "trainer.pt"
 _CHUNK = 16 << 20  # writes are split so save_bytes advances visibly during huge tensors
 
 

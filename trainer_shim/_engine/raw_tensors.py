@@ -38,6 +38,7 @@ from typing import Any, Optional
 import torch
 import xxhash
 
+from . import landing
 from .. import rundir
 from ..errors import CheckpointError
 
@@ -183,10 +184,11 @@ class _Dest:
 def _fresh_region(n: int) -> Optional[mmap.mmap]:
     """One anonymous region for the tensors that have no live home (filled by the reader threads
     in parallel). No MADV_HUGEPAGE: in a fresh process the kernel's compaction for the first huge
-    pages stalled a restore for up to 1.7 s here (0.30 s median vs 0.08 s with 4 KiB pages)."""
+    pages stalled a restore for up to 1.7 s here (0.30 s median vs 0.08 s with 4 KiB pages). A warm
+    standby's region, faulted in while it waited, is taken when it fits (landing)."""
     if n == 0:
         return None
-    return mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    return landing.take(n) or mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
 
 
 def _carve(mm: mmap.mmap, off: int, e: Entry) -> torch.Tensor:

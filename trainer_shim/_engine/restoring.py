@@ -19,7 +19,7 @@ from typing import Optional, Protocol
 
 from . import checkpoint as ckpt
 from .._policies import provenance
-from . import rng
+from . import landing, rng
 from .. import rundir
 from .engine import Trained
 from .._process.messages import say
@@ -71,11 +71,18 @@ def _candidates(run: Trained, requested: Optional[str], memory: Optional[MemoryS
 
 def restore(run: Trained, memory: Optional[MemorySource] = None) -> None:
     """Load the newest loadable candidate on every rank, falling back to older ones (see the module doc)."""
-    group = run.engine.group
     requested = run.env.resume_from
     # Every rank waits out a download of the pick (a new node): rank 0 alone would leave the others
     # in a broadcast bounded by the collective timeout, which a big download may outlast.
     rundir.wait_for_download(requested, on_wait=lambda p: _say_waiting(run, p))
+    try:
+        _restore(run, requested, memory)
+    finally:
+        landing.release()  # a standby's prefaulted region the restore did not take: not held any longer
+
+
+def _restore(run: Trained, requested: Optional[str], memory: Optional[MemorySource]) -> None:
+    group = run.engine.group
     pick = _candidates(run, requested, memory) if run.rank == 0 else iter(())
     while True:
         cand = group.broadcast(next(pick, None), "checkpoint choice")

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Optional
 
-from . import restoring, snapshot_store
+from . import landing, restoring, snapshot_store
 from .. import rundir
 from .._process.messages import say
 from ..rundir import CheckpointInfo, InvalidCheckpoint
@@ -62,7 +62,9 @@ class SlotRestore:
     def loaded(self, path: Path) -> None:
         """The restore loop resumed from slot `path`: keep it, and persist it when it is not on disk."""
         info, disk = self._offered
-        say(f"resumed from memory step {info.step}")
+        ahead = landing.landed()
+        say(f"resumed from memory step {info.step}"
+            + (f" ({ahead / 2**20:.1f} MiB into memory the warm standby had faulted in)" if ahead else ""))
         self.slots.adopt(info.path)
         if disk is not None:
             self.run.resumed_from = str(disk.path)

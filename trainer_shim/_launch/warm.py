@@ -5,7 +5,8 @@ attempt of a single-process job trains, TARGET being `SCRIPT ARGS...` (for `pyth
 a console script, whose file is the SCRIPT) or `-m MODULE ARGS...` (for `python -m MODULE`). It
 imports torch (and the --preload modules), then blocks on one line from stdin: the contract's
 StandbyMessage with the next attempt's environment. While it waits it also imports the frameworks
-the running attempt recorded (rundir.warm). It then runs TARGET as `__main__` in this same process
+the running attempt recorded (rundir.warm), and keeps the memory a restore from the run's memory
+snapshot slots (--slots) will land in faulted in (_engine.landing). It then runs TARGET as `__main__` in this same process
 (same pid, process group, output pipes, PDEATHSIG and oom_score_adj as the supervisor spawned it),
 so a restart skips the interpreter start and torch's ~1.5 s of imports. A launcher's trainer child
 (`swift sft` runs `python FILE.py ARGS` and waits) runs in this process as well (`inline`), so it
@@ -17,8 +18,9 @@ signals leave this process exactly as they leave `python SCRIPT.py` (the interpr
 path: the traceback is printed by sys.excepthook and the exit code is 1).
 
 Usage (by the supervisor only):
-  python -m trainer_shim._launch.warm [--preload=M1,M2] [--ready=FILE] [--frameworks=RECORD] TARGET
-FILE is written once the imports are done (rundir.write_warm_ready); RECORD is the run dir's frameworks record.
+  python -m trainer_shim._launch.warm [--preload=M1,M2] [--ready=FILE] [--frameworks=RECORD] [--slots=S0,S1] TARGET
+FILE is written once the imports are done (rundir.write_warm_ready); RECORD is the run dir's frameworks
+record; S0,S1 are the attempt's memory snapshot slots (rundir.snapshot_slot_paths).
 """
 
 from __future__ import annotations
@@ -32,12 +34,14 @@ from pathlib import Path
 from typing import Optional
 
 from . import inline
+from .._engine import landing
 from ..rundir import EXIT_OK, StandbyMessage, frameworks_of_child, write_warm_ready
 
-# How often a waiting interpreter looks at the frameworks record: a stat and a small read, while the
-# next import would come seconds later anyway (the attempt writes the record at its first step).
+# How often a waiting interpreter looks at the frameworks record and the slots: a few stats and a small
+# read, while the next import would come seconds later anyway (the attempt writes the record at its
+# first step).
 FRAMEWORKS_POLL_S = 0.5
-_OPTIONS = ("--preload", "--ready", "--frameworks")
+_OPTIONS = ("--preload", "--ready", "--frameworks", "--slots")
 
 
 def main() -> None:
@@ -54,7 +58,8 @@ def main() -> None:
     for name in preloaded:
         importlib.import_module(name)
     ready, record = opts.get("--ready"), opts.get("--frameworks")
-    msg = _wait(Path(ready) if ready else None, Path(record) if record else None, preloaded)
+    slots = [Path(p) for p in opts.get("--slots", "").split(",") if p]
+    msg = _wait(Path(ready) if ready else None, Path(record) if record else None, preloaded, slots)
     if msg is None:
         sys.exit(EXIT_OK)
     os.environ.clear()
@@ -75,14 +80,20 @@ def _parse(argv: list[str]) -> tuple[dict[str, str], list[str]]:
     return opts, argv
 
 
-def _wait(ready: Optional[Path], record: Optional[Path], preloaded: list[str]) -> Optional[StandbyMessage]:
+def _wait(ready: Optional[Path], record: Optional[Path], preloaded: list[str],
+          slots: list[Path]) -> Optional[StandbyMessage]:
     """Block until the supervisor's message; meanwhile import the frameworks the running attempt
-    recorded. The ready file names what is imported, and is absent while an import is under way (a
-    message read then waits for it: the attempt would import the framework itself, later)."""
+    recorded, and keep a restore's landing memory faulted in. The ready file names what is imported,
+    and is absent while an import is under way (a message read then waits for it: the attempt would
+    import the framework itself, later)."""
     if ready:
         write_warm_ready(ready, preloaded)
     stdin = sys.stdin.buffer
-    while record is not None and not select.select([stdin], [], [], FRAMEWORKS_POLL_S)[0]:
+    while (record or slots) and not select.select([stdin], [], [], FRAMEWORKS_POLL_S)[0]:
+        if slots:
+            landing.keep_ready(slots)
+        if record is None:
+            continue
         new = [m for m in frameworks_of_child(record, os.getppid()) if m not in preloaded]
         if not new:
             continue

@@ -91,7 +91,7 @@ from .layout import (
     ensure_run_dir, heartbeat_name, inside, parse_checkpoint_name, parse_heartbeat_name, step_mark_name, tmp_dirs,
 )
 from .manifest import (
-    FORMAT_VERSION, MANIFEST_NAME, CheckpointInfo, CheckpointKind, FileEntry, Manifest, digest_file,
+    FORMAT_VERSION, MANIFEST_NAME, MODEL_FILE, OPTIMIZER_FILE, TRAINER_FILE, CheckpointInfo, CheckpointKind, FileEntry, Manifest, digest_file,
     commit_age, inspect_checkpoint, new_hasher, safe_member,
 )
 from .records import (
@@ -139,7 +139,7 @@ __all__ = [
     "Event", "POISONED", "DIVERGED_REASON", "append_event", "read_events", "next_attempt_number", "is_poisoning",
     "poisoned_checkpoints",
     # checkpoints
-    "FORMAT_VERSION", "MANIFEST_NAME", "CheckpointKind", "FileEntry", "Manifest", "CheckpointInfo",
+    "FORMAT_VERSION", "MANIFEST_NAME", "MODEL_FILE", "OPTIMIZER_FILE", "TRAINER_FILE", "CheckpointKind", "FileEntry", "Manifest", "CheckpointInfo",
     "new_hasher", "digest_file", "safe_member", "inspect_checkpoint", "commit_age", "iter_checkpoint_dirs", "newest_valid", "choose",
     "repoint_latest", "index_entry", "read_index", "checkpoint_roots",
     "DOWNLOAD_RECORD", "announce_download", "settle_download", "download_pending", "wait_for_download",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import os
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -19,12 +20,16 @@ from .layout import inside
 
 __all__ = [
     "commit_age",
-    "FORMAT_VERSION", "MANIFEST_NAME", "CheckpointKind", "FileEntry", "Manifest", "CheckpointInfo",
+    "FORMAT_VERSION", "MANIFEST_NAME", "MODEL_FILE", "OPTIMIZER_FILE", "TRAINER_FILE", "CheckpointKind", "FileEntry", "Manifest", "CheckpointInfo",
     "new_hasher", "digest_file", "safe_member", "inspect_checkpoint",
 ]
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "MANIFEST.json"
+# The engine's members of a non-sharded checkpoint (a warm standby sizes its landing memory by the second).
+MODEL_FILE = "model.pt"
+OPTIMIZER_FILE = "optimizer.pt"
+TRAINER_FILE = "trainer.pt"
 
 
 class CheckpointKind(str, enum.Enum):
@@ -165,7 +170,9 @@ def safe_member(ckpt_dir: Path, rel: str) -> Path:
 def digest_file(path: Path, chunk: int = 8 << 20) -> str:
     h = new_hasher()
     with open(path, "rb", buffering=0) as f:
-        buf = bytearray(chunk)
+        # No larger than the file: a small member (a skeleton, a table) must not fault in 8 MiB of
+        # fresh buffer (~2 ms each, on a restore's critical path).
+        buf = bytearray(max(1, min(chunk, os.fstat(f.fileno()).st_size)))
         view = memoryview(buf)
         while True:
             n = f.readinto(buf)
