@@ -133,3 +133,22 @@ def test_chaos_kill9_with_async_saves_and_memory_snapshots_is_bit_exact(tmp_path
     assert verify_cli(run_dir).returncode == 0
     assert_no_survivors(run_dir, str(out))
     assert not shm_segments(run_dir), "shared-memory snapshot slots outlived the run"
+
+
+def test_a_rerun_writes_its_snapshots_into_the_slot_files_its_predecessor_left(tmp_path: Path) -> None:
+    """A restarted process's first snapshots rewrite the slots' region files in place (their pages
+    already exist in /dev/shm) instead of allocating new ones on its first steps, and stay exact."""
+    args = ("--hidden", "256", *SMALL)
+    run_dir = tmp_path / "run"
+    p = run_toy(run_dir, *args, faults="1:kill_settled@7", env={**PLAIN, **MEM})
+    assert p.returncode == -9, p.stderr[-2000:]
+    regions = {s / (rundir.OPTIMIZER_FILE + rundir.TENSORS_SUFFIX): None for s in shm_segments(run_dir)}
+    regions = {r: os.stat(r).st_ino for r in regions}
+    assert len(regions) == 2
+    p = run_toy(run_dir, *args, attempt=2, faults="2:kill_settled@10", env={**PLAIN, **MEM})
+    assert p.returncode == -9 and shim_lines(p, "resumed from memory step 7"), p.stderr[-2000:]
+    assert {r: os.stat(r).st_ino for r in regions} == regions, "a snapshot after the restart made a new region file"
+    p = run_toy(run_dir, *args, attempt=3, env={**PLAIN, **MEM})
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert_bit_exact(run_dir / "final_weights.pt", reference(tmp_path, *args))
+    assert not shm_segments(run_dir)

@@ -185,12 +185,13 @@ class Slot:
             self._remap(name, tpath, tensors)
 
     def _remap(self, name: str, tpath: Path, tensors: list) -> None:
-        """(Re)create the raw region and map it shared, so later copies go in place."""
+        """Map the raw region shared (the one left here when it has the right size, else a new one),
+        so later copies go in place."""
         self._forget(name)
         self.created = True
         entries = raw.plan(tensors)
         assert entries is not None  # fill() stores members that cannot be raw whole
-        mm = raw.create(tpath, entries)
+        mm = raw.reuse(tpath, entries) or raw.create(tpath, entries)
         views = [raw.view(mm, e) for e in entries]
         with torch.no_grad():
             for dst, src in zip(views, tensors):

@@ -31,6 +31,7 @@ import ctypes
 import math
 import mmap
 import os
+import stat
 import threading
 from pathlib import Path
 from typing import Any, Optional
@@ -124,6 +125,29 @@ def create(path: Path, entries: list[Entry]) -> mmap.mmap:
         os.close(fd)
     os.replace(tmp, path)
     return mm
+
+
+def reuse(path: Path, entries: list[Entry]) -> Optional[mmap.mmap]:
+    """The existing region file at `path` mapped MAP_SHARED read-write and populated, when it is our
+    own regular file of exactly the size `entries` need; else None (create() then makes a new one).
+
+    A restarted process's first snapshots go to the slots its predecessor left: their pages already
+    exist in /dev/shm, so writing in place skips allocating and zeroing them (0.016 s vs 0.057 s for
+    128 MiB here), which a fresh file costs on the first steps after a restart."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        n = max(size_of(entries), 1)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_size != n:
+            return None
+        return mmap.mmap(fd, n, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def digests(mm: mmap.mmap, entries: list[Entry]) -> tuple[list[Entry], str]:
