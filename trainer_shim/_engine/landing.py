@@ -29,7 +29,6 @@ import psutil
 from .. import rundir
 
 ROOM_FACTOR = 4
-_ALIGN = 64          # raw_tensors.ALIGN: the fresh region packs its entries on this alignment
 _SLACK = 1 << 20     # a held region larger than the need by more than this (or 1/8) is not taken
 
 _held: Optional[mmap.mmap] = None
@@ -49,7 +48,9 @@ def needed(slots: Sequence[Path]) -> int:
             continue
         if done > newest:
             best, newest = size, done
-    return -(-best // _ALIGN) * _ALIGN
+    # Whole pages: at least what the fresh region needs (its entries padded to raw_tensors.ALIGN, far
+    # below a page), and what the mapping costs anyway.
+    return -(-best // mmap.PAGESIZE) * mmap.PAGESIZE
 
 
 def keep_ready(slots: Sequence[Path]) -> int:
