@@ -12,6 +12,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -29,7 +30,7 @@ from trainer_shim.rundir import (
 
 T = TypeVar("T")
 
-__all__ = ["sup_env", "run_cli", "invoke_cli", "start_cli", "faulted_run", "wait_until", "kill_group", "events",
+__all__ = ["writer_threads", "sup_env", "run_cli", "invoke_cli", "start_cli", "faulted_run", "wait_until", "kill_group", "events",
            "ended_kinds", "resumed_from", "resumed_steps", "first_steps", "rejected", "written_in", "heartbeat", "finished_step", "supervisor_state",
            "weights", "assert_equal_state", "assert_same_weights"]
 
@@ -37,6 +38,13 @@ CLI = [PYTHON, "-m", "supervisor"]
 TOY = str(JOBS / "toy_train.py")
 # Fast supervisor settings for the failure campaign: restart at once, short timeouts.
 FAST = ("--backoff", "0", "--heartbeat-timeout", "3", "--grace-period", "2")
+
+
+def writer_threads() -> list[str]:
+    """The background writer threads of ours still alive in this process: none once a front end has
+    closed its saver (a daemon writer still unwinding at interpreter exit aborts the process)."""
+    return [t.name for t in threading.enumerate()
+            if t.name.startswith("trainer_shim-") and t.name.endswith(("-save", "-hash"))]
 
 
 def sup_env(**extra: str) -> dict[str, str]:

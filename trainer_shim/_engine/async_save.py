@@ -43,7 +43,7 @@ from .memory_snapshot import SlotError, Slots
 from .slot_restore import SlotRestore
 from .._policies.memory_interval import AutoMemory
 from .._policies.save_interval import AUTO, mtbf_for
-from .writer import low_priority, serve
+from .writer import low_priority, serve, stop
 from ..rundir import CheckpointInfo, CheckpointKind, Event, InvalidCheckpoint
 
 DRAIN_GRACE = 30.0  # seconds finish()/SIGTERM/exceptions wait for an in-flight save
@@ -252,9 +252,7 @@ class FastSaver(SlotRestore):
     def close(self, free: bool) -> None:
         """finish(): wait for the writer; free the slots when the run's newest state is on disk."""
         self.drain()
-        with self._cv:
-            self._closed = True
-            self._cv.notify_all()
+        stop(self._cv, self._mark_closed, (self._thread, self._hasher), self.grace)
         atexit.unregister(self.drain)
         if free:
             self.slots.free()
@@ -283,6 +281,9 @@ class FastSaver(SlotRestore):
 
     def _job_done(self) -> None:
         self._job = None
+
+    def _mark_closed(self) -> None:
+        self._closed = True
 
     def _hash_loop(self) -> None:
         """Complete each filled memory snapshot: hash it, write its manifest last."""

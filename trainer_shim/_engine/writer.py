@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
-__all__ = ["low_priority", "serve"]
+__all__ = ["low_priority", "serve", "stop"]
 
 
 def low_priority() -> None:
@@ -35,3 +35,18 @@ def serve(cv: threading.Condition, pending: Callable[[], Any], closed: Callable[
         with cv:
             done()
             cv.notify_all()
+
+
+def stop(cv: threading.Condition, mark_closed: Callable[[], None], threads: Iterable[threading.Thread],
+         timeout: float) -> None:
+    """Close the writer threads (`mark_closed()` under `cv`, every waiter woken) and wait until they
+    have ended, at most `timeout` s each. Why wait: a daemon thread still returning when the interpreter
+    finalizes is ended by pthread_exit wherever it next takes the GIL; inside the C++ destructor of a
+    tensor it drops (its staging buffers, its bound target) that is std::terminate, a SIGABRT after a
+    successful run."""
+    with cv:
+        mark_closed()
+        cv.notify_all()
+    for t in threads:
+        if t is not threading.current_thread():
+            t.join(timeout)

@@ -16,7 +16,7 @@ from typing import Any, Callable, Optional
 
 from .._engine.async_save import DRAIN_GRACE
 from .._engine.memory_snapshot import Staging
-from .._engine.writer import serve
+from .._engine.writer import serve, stop
 from ._session import say
 
 __all__ = ["BackgroundSaves"]
@@ -61,9 +61,7 @@ class BackgroundSaves:
 
     def close(self) -> None:
         self.drain()
-        with self._cv:
-            self._closed = True
-            self._cv.notify_all()
+        stop(self._cv, self._mark_closed, (self._thread,), self.grace)
         atexit.unregister(self.drain)
 
     def _loop(self) -> None:
@@ -77,3 +75,6 @@ class BackgroundSaves:
 
     def _job_done(self) -> None:
         self._job = None
+
+    def _mark_closed(self) -> None:
+        self._closed = True
