@@ -59,6 +59,7 @@ class _Job:
 
 
 N_RANKS_EVERY = 10  # memory_every_steps="auto" with N ranks (no per-rank tuning: their steps must match)
+EVERY_FIELD = "memory_every_steps"  # heartbeat field: the memory snapshot interval in force ("auto")
 SKIPPED_FIELD = "memory_snapshots_skipped"  # heartbeat field: due snapshots skipped (previous one still hashing)
 
 
@@ -76,7 +77,7 @@ class FastSaver(SlotRestore):
         self.auto_memory: Optional[AutoMemory] = None
         if memory_every == AUTO:  # Young/Daly from each snapshot's cost (memory_interval)
             self.auto_memory = AutoMemory(mtbf_for(run.rd, run.options.mtbf_hours))
-            run.engine.hb.fields["memory_every_steps"] = self.auto_memory.every
+            run.engine.hb.fields[EVERY_FIELD] = self.auto_memory.every
         self.memory_every = memory_every if isinstance(memory_every, int) else None
         self._last_step_t: Optional[float] = None
         self._last_memory_step = -1
@@ -137,7 +138,7 @@ class FastSaver(SlotRestore):
         now = time.monotonic()
         if self._last_step_t is not None:
             self.auto_memory.observe_step(now - self._last_step_t)
-            self.run.engine.hb.fields["memory_every_steps"] = self.auto_memory.every
+            self.run.engine.hb.fields[EVERY_FIELD] = self.auto_memory.every
         self._last_step_t = now
         return step - self._last_memory_step >= self.auto_memory.every  # a skipped one is retried next step
 
@@ -302,7 +303,9 @@ class FastSaver(SlotRestore):
                 if self.auto_memory is not None and not self.slots.slots[idx].created:
                     # its cost: the copy training waited for + the hash's CPU (a slot's first fill,
                     # which creates its file, is no measure of the steady one)
-                    self.auto_memory.observe_cost(stall + time.thread_time() - cpu0)
+                    # the heartbeat says the interval now in force, not the one of the last step
+                    self.run.engine.hb.fields[EVERY_FIELD] = self.auto_memory.observe_cost(
+                        stall + time.thread_time() - cpu0)
             except BaseException as e:  # never let the hasher die silently; the slot stays incomplete
                 self.slots.slots[idx].invalidate()
                 self._fail(_Job(idx, snap, persist=False), f"memory snapshot: {type(e).__name__}: {e}")
