@@ -86,3 +86,18 @@ def test_a_warm_restart_restores_its_memory_snapshot_into_memory_the_standby_fau
     got = torch.load(out)
     assert all(torch.equal(got[k], expected[k]) for k in expected) and got.keys() == expected.keys()
     no_standby_left(str(out))
+
+
+def test_a_warm_attempt_runs_the_thread_count_its_script_sets(tmp_path):
+    """The script sets OMP_NUM_THREADS=1 before importing torch; the warm interpreter imported torch
+    with the supervisor's 2 before the script ran. Its attempt still runs 1 thread, as the cold one did
+    (other numerics otherwise, and an OpenMP team that stalls while the next standby imports)."""
+    rd = tmp_path / "threads"
+    r = run_cli("--run-dir", str(rd), "--backoff", "0", str(JOBS / "threads_job.py"),
+                env=sup_env(OMP_NUM_THREADS="2"), timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert [e["warm"] for e in events(rd, "attempt_started")] == [False, True]
+    for n in (1, 2):
+        log = RunDir(rd).attempt_log(n).read_text()
+        assert f"threads_job: attempt {n} runs 1 torch threads" in log, log
+    no_standby_left(str(rd))

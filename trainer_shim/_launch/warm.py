@@ -33,7 +33,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from . import inline
+from . import inline, threads
 from .._engine import landing
 from ..rundir import EXIT_OK, StandbyMessage, frameworks_of_child, write_warm_ready
 
@@ -64,6 +64,7 @@ def main() -> None:
         sys.exit(EXIT_OK)
     os.environ.clear()
     os.environ.update(msg.env)
+    threads.follow()  # the script's own OMP_NUM_THREADS counts, as in a cold start
     # The attempt must not inherit the supervisor's pipe as its stdin (a cold attempt gets /dev/null).
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
