@@ -42,7 +42,7 @@ def apply() -> None:
         torch.set_num_threads(n)
 
 
-class _FollowingEnviron(os._Environ):  # type: ignore[name-defined,misc]  # os.environ's own class
+class _FollowingEnviron(type(os.environ)):  # type: ignore[misc]  # os.environ's own class
     def __setitem__(self, key: str, value: str) -> None:
         super().__setitem__(key, value)
         if key in THREAD_VARIABLES:
