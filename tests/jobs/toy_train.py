@@ -97,20 +97,21 @@ def _throttled_write(fd: int, data) -> int:
 _HASHING = threading.Event()       # kill_hashing: the held snapshot's hash has started
 
 
-def hold_hash_at(step: int) -> None:
-    """kill_hashing: the background hash of step `step`'s memory snapshot never finishes."""
+def hold_hash_at(run, step: int) -> None:
+    """kill_hashing: the background hash of step `step`'s memory snapshot never finishes (the
+    training thread waits in inject() at that step, so the hasher's run.global_step is the snapshot's)."""
     from trainer_shim._engine import memory_snapshot
 
-    real = memory_snapshot.Slot.finalize
+    real = memory_snapshot.Slot.hash_tensors
 
-    def held(self, snap, meta, world_size=1):
-        if snap.global_step == step:
+    def held(self):
+        if run.global_step == step:
             _HASHING.set()
             while True:
                 time.sleep(3600)
-        return real(self, snap, meta, world_size)
+        return real(self)
 
-    memory_snapshot.Slot.finalize = held
+    memory_snapshot.Slot.hash_tensors = held
 
 
 def parse_faults(spec: str, attempt: int) -> dict[int, str]:
@@ -216,7 +217,7 @@ def main() -> None:
                             memory_every_steps=int(os.environ.get("TOY_MEMORY_EVERY") or 0) or None)
     held = [s for s, a in faults.items() if a == "kill_hashing"]
     if held:
-        hold_hash_at(held[0])
+        hold_hash_at(run, held[0])
     # kill_settled/kill_hashing at N: the snapshot of N is taken (not skipped while N-1's is hashed);
     # kill_hashing: N-1's too (the complete one a restart then finds).
     settle = {s - 1 for s, a in faults.items() if a in ("kill_settled", "kill_hashing")}

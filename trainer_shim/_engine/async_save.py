@@ -39,6 +39,7 @@ from .. import rundir
 from .engine import Trained
 from .._process.messages import say
 from ..errors import CollectiveTimeout
+from .late_copy import CHANGED_WHILE_COPIED, LateCopy, spare_core
 from .memory_snapshot import SlotError, Slots
 from .slot_restore import SlotRestore
 from .._policies.memory_interval import AutoMemory
@@ -87,6 +88,9 @@ class FastSaver(SlotRestore):
             run.engine.event(Event.CHECKPOINT_REJECTED, path=str(path), reason=f"memory snapshot not trusted: {why}")
         snapshot_store.own(run.rd, run.rank if self.world > 1 else 0)
         self._cv = threading.Condition()
+        # memory snapshots copy the optimizer's tensors on the hasher while the next step computes
+        self.late = LateCopy(self._cv, run.optimizer) if memory_every and LateCopy.usable(run.optimizer, self.world) \
+            else None
         self._job: Optional[_Job] = None
         self._hashing: Optional[tuple[int, ckpt.Snapshot, float]] = None  # (slot, snapshot, its copy's stall)
         self.skipped = 0
@@ -114,6 +118,7 @@ class FastSaver(SlotRestore):
 
     def on_step(self, disk_due: bool) -> None:
         """run.step(): report writer failures, then take what is due."""
+        self._settle()
         self.report()
         step = self.run.global_step
         memory_due = self._memory_due(step)
@@ -161,6 +166,7 @@ class FastSaver(SlotRestore):
         if existing is not None:
             run.engine.retention.upgrade_kind(existing, kind)
             return
+        self._settle()
         with self._cv:
             while self._job is not None or self._hashing is not None:  # one in flight: a due disk save waits
                 self._cv.wait()
@@ -186,7 +192,9 @@ class FastSaver(SlotRestore):
                 self._skip()
                 return
         t0 = time.perf_counter()
-        snap = self._fill(idx, CheckpointKind.STEP)
+        snap = self._fill(idx, CheckpointKind.STEP, protected=self.late.protected() if self.late else None)
+        if snap is not None and self.late is not None:
+            self.late.begin(self.slots.slots[idx])
         if snap is not None and self.world > 1:
             # N ranks hash on the training thread: a kill then finds every rank's slot of this
             # step complete, and the supervisor merges slots of one step only.
@@ -214,13 +222,14 @@ class FastSaver(SlotRestore):
             self.run.engine.event(Event.SAVE_SKIPPED, step=self.run.global_step, target="memory",
                                   reason="the writer is still finalizing the other slot")
 
-    def _fill(self, idx: int, kind: CheckpointKind, staged: bool = False) -> Optional[ckpt.Snapshot]:
+    def _fill(self, idx: int, kind: CheckpointKind, staged: bool = False,
+              protected: Optional[set[int]] = None) -> Optional[ckpt.Snapshot]:
         run = self.run
         full = saving.snapshot(run, kind, True)
         with self._cv:
             self.slots.filling(idx)
         try:
-            self.slots.slots[idx].fill(full.files, self.slots.staging if staged else None)
+            self.slots.slots[idx].fill(full.files, self.slots.staging if staged else None, protected)
         except (OSError, RuntimeError, SlotError) as e:
             self._fail_slot(idx, e)
             return None
@@ -241,6 +250,7 @@ class FastSaver(SlotRestore):
     def drain(self, timeout: Optional[float] = None) -> bool:
         """Wait for the in-flight save and snapshot hash (bounded); True when nothing is in flight any more."""
         deadline = time.monotonic() + (self.grace if timeout is None else timeout)
+        self._settle()
         with self._cv:
             while self._job is not None or self._hashing is not None:
                 left = deadline - time.monotonic()
@@ -254,6 +264,8 @@ class FastSaver(SlotRestore):
         """finish(): wait for the writer; free the slots when the run's newest state is on disk."""
         self.drain()
         stop(self._cv, self._mark_closed, (self._thread, self._hasher), self.grace)
+        if self.late is not None:
+            self.late.close()
         atexit.unregister(self.drain)
         if free:
             self.slots.free()
@@ -287,7 +299,7 @@ class FastSaver(SlotRestore):
         self._closed = True
 
     def _hash_loop(self) -> None:
-        """Complete each filled memory snapshot: hash it, write its manifest last."""
+        """Complete each filled memory snapshot: copy its late tensors, hash it, write its manifest last."""
         low_priority()
         while True:
             with self._cv:
@@ -296,24 +308,40 @@ class FastSaver(SlotRestore):
                 if self._hashing is None:
                     return
                 idx, snap, stall = self._hashing
-            ok, cpu0 = False, time.thread_time()
+            slot, ok, cpu0 = self.slots.slots[idx], False, time.thread_time()
             try:
-                self.slots.slots[idx].finalize(snap, self.meta, self.world)
-                ok = True
-                if self.auto_memory is not None and not self.slots.slots[idx].created:
-                    # its cost: the copy training waited for + the hash's CPU (a slot's first fill,
-                    # which creates its file, is no measure of the steady one)
-                    # the heartbeat says the interval now in force, not the one of the last step
-                    self.run.engine.hb.fields[EVERY_FIELD] = self.auto_memory.observe_cost(
-                        stall + time.thread_time() - cpu0)
+                if self.late is not None:
+                    self.late.copy()
+                known = slot.hash_tensors()
+                if self.late is None or self.late.verdict(lambda: self._closed):
+                    slot.commit(snap, self.meta, self.world, known)
+                    ok = True
+                    self._observe(slot, stall, time.thread_time() - cpu0)
+                else:
+                    slot.invalidate()
+                    self._fail(_Job(idx, snap, persist=False), CHANGED_WHILE_COPIED)
             except BaseException as e:  # never let the hasher die silently; the slot stays incomplete
-                self.slots.slots[idx].invalidate()
+                slot.invalidate()
                 self._fail(_Job(idx, snap, persist=False), f"memory snapshot: {type(e).__name__}: {e}")
             with self._cv:
                 if ok:
                     self.slots.done(idx)
                 self._hashing = None
                 self._cv.notify_all()
+
+    def _observe(self, slot: Any, stall: float, cpu: float) -> None:
+        """memory_every_steps="auto": one snapshot's cost, what training lost to it: the copy run.step()
+        waited for, the wait for the late copy, and the background CPU unless a core is left for it."""
+        if self.auto_memory is None or slot.created:  # a slot's first fill (it creates the file) is no measure
+            return
+        waited = self.late.last_wait if self.late is not None else 0.0
+        cost = stall + waited + (0.0 if spare_core() else cpu)
+        # the heartbeat says the interval now in force, not the one of the last step
+        self.run.engine.hb.fields[EVERY_FIELD] = self.auto_memory.observe_cost(cost)
+
+    def _settle(self) -> None:
+        if self.late is not None:
+            self.late.settle()
 
     def _run_job(self, job: _Job) -> None:
         slot = self.slots.slots[job.slot]

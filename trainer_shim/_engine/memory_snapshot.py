@@ -106,6 +106,7 @@ class Slot:
         self.layouts: dict[str, list] = {}
         self.regions: dict[str, tuple[mmap.mmap, list]] = {}  # member -> (its mapping, table entries)
         self.pending: list[str] = []         # split members whose tensors wait in the staging buffers
+        self.late: list[tuple[str, list, list[int]]] = []  # (member, its tensors, indices the hasher copies)
         self.created = False                 # the last fill (re)created a tensor file: not a steady cost
 
     def prepare(self) -> Optional[str]:
@@ -134,11 +135,15 @@ class Slot:
         except FileNotFoundError:
             pass
 
-    def fill(self, files: dict[str, Any], staging: Optional[Staging] = None) -> None:
+    def fill(self, files: dict[str, Any], staging: Optional[Staging] = None,
+             protected: Optional[set[int]] = None) -> None:
         """Copy `files` (member -> state) into the slot, or its big tensors into `staging` (then
-        flush() completes the slot); the caller's tensors may change right after either way."""
+        flush() completes the slot); the caller's tensors may change right after either way.
+        `protected`: storage addresses of tensors left for copy_late() (late_copy: the optimizer's,
+        unchanged until its next step); the caller must not change those before copy_late() ends."""
         self.invalidate()
         self.pending = []
+        self.late = []
         self.created = False
         present = set()
         for name, obj in files.items():
@@ -153,6 +158,8 @@ class Slot:
             if staging is not None:
                 staging.put(name, tensors)
                 self.pending.append(name)
+            elif protected is not None and self._in_place(name, tensors):
+                self._store_early(name, tensors, protected)
             else:
                 self._store(name, tensors)
             _write_new(self.path / name, skel)
@@ -175,14 +182,39 @@ class Slot:
         self.pending = []
 
     def _store(self, name: str, tensors: list) -> None:
-        tpath = self.path / (name + rundir.TENSORS_SUFFIX)
-        views = self.views.get(name)
-        if views is not None and self.layouts.get(name) == _layout(tensors) and tpath.exists():
+        if self._in_place(name, tensors):
             with torch.no_grad():
-                for dst, src in zip(views, tensors):
+                for dst, src in zip(self.views[name], tensors):
                     dst.copy_(src)
         else:
-            self._remap(name, tpath, tensors)
+            self._remap(name, self.path / (name + rundir.TENSORS_SUFFIX), tensors)
+
+    def _in_place(self, name: str, tensors: list) -> bool:
+        return name in self.views and self.layouts.get(name) == _layout(tensors) and \
+            (self.path / (name + rundir.TENSORS_SUFFIX)).exists()
+
+    def _store_early(self, name: str, tensors: list, protected: set[int]) -> None:
+        """Copy the tensors not in `protected` now; the rest wait for copy_late()."""
+        late = []
+        with torch.no_grad():
+            for i, (dst, src) in enumerate(zip(self.views[name], tensors)):
+                if src.data_ptr() in protected:
+                    late.append(i)
+                else:
+                    dst.copy_(src)
+        if late:
+            self.late.append((name, tensors, late))
+
+    def late_tensors(self) -> list:
+        return [tensors[i] for _, tensors, idx in self.late for i in idx]
+
+    def copy_late(self) -> None:
+        """Hasher thread: copy the tensors fill() left (see late_copy)."""
+        with torch.no_grad():
+            for name, tensors, idx in self.late:
+                views = self.views[name]
+                for i in idx:
+                    views[i].copy_(tensors[i])
 
     def _remap(self, name: str, tpath: Path, tensors: list) -> None:
         """Map the raw region shared (the one left here when it has the right size, else a new one),
@@ -201,11 +233,19 @@ class Slot:
     def finalize(self, snap: ckpt.Snapshot, meta: dict[str, Any], world_size: int = 1) -> Manifest:
         """Hash the tensors (their table) and the members, write MANIFEST.json last: from now on
         the slot is a complete snapshot (of one rank's share when `world_size` > 1)."""
+        return self.commit(snap, meta, world_size, self.hash_tensors())
+
+    def hash_tensors(self) -> dict[str, str]:
+        """Each split member's table written; tensor file name -> its whole digest."""
         known = {}
         for name, (mm, table) in self.regions.items():
             table, whole = raw.digests(mm, table)
             rundir.atomic_write_bytes(self.path / (name + rundir.TABLE_SUFFIX), raw.table_bytes(table), durable=False)
             known[name + rundir.TENSORS_SUFFIX] = whole
+        return known
+
+    def commit(self, snap: ckpt.Snapshot, meta: dict[str, Any], world_size: int, known: dict[str, str]) -> Manifest:
+        """The other members hashed, MANIFEST.json written last."""
         entries = {}
         for ent in sorted(os.scandir(self.path), key=lambda e: e.name):
             if ent.name == rundir.MANIFEST_NAME or ent.name.endswith(".new"):
