@@ -101,6 +101,30 @@ def test_memory_auto_is_young_daly_capped_at_one_percent_of_training_time():
     assert AutoMemory(mtbf_s=10, step_s=5.0).observe_cost(0.04) == 1     # never less than every step
 
 
+
+def test_memory_auto_costs_a_snapshot_what_the_steps_beside_it_lost():
+    """The background copy and hash cost what they slow training by, not their CPU time: the
+    excess of the steps they ran beside over a quiet step; their CPU only while no quiet step is known."""
+    from trainer_shim._policies.memory_interval import AutoMemory
+
+    a = AutoMemory(mtbf_s=10)
+    a.snapshot_started()                       # no quiet step known yet: the fallback counts
+    a.observe_step(0.12, busy=True, hashing=True)
+    a.snapshot_hashed(0.07, measure=True)
+    a.observe_step(0.12, busy=True, hashing=False)
+    assert a.cost_s == pytest.approx(0.07)
+    for _ in range(20):
+        a.observe_step(0.10)                   # quiet steps: the base
+    a.snapshot_started()
+    a.observe_step(0.115, busy=True, hashing=True)
+    a.snapshot_hashed(0.07, measure=True)
+    a.observe_step(0.105, busy=True, hashing=False)
+    assert a.cost_s == pytest.approx(0.7 * 0.07 + 0.3 * 0.02)
+    a.snapshot_started()                       # a slot's first fill is no measure
+    a.snapshot_hashed(0.5, measure=False)
+    a.observe_step(0.3, busy=True, hashing=False)
+    assert a.cost_s == pytest.approx(0.7 * 0.07 + 0.3 * 0.02) and a.pending is None
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"save_every_steps": "often"}, "save_every_steps must be a positive integer or 'auto', got 'often'"),
     ({"memory_every_steps": 0}, "memory_every_steps must be a positive integer or 'auto', got 0"),

@@ -10,7 +10,9 @@ most one save is in flight:
 
 - a due *disk* save while one is in flight WAITS for it (a disk save is never dropped);
 - a due *memory* snapshot (`memory_every_steps`) costs run.step() one copy into the slot's
-  mapped buffers; a HASHER thread hashes it and writes its manifest (only then is it complete:
+  mapped buffers, of what the optimizer does not own when it is a torch optimizer in one process
+  (late_copy: the HASHER thread copies the optimizer's tensors beside the next step's forward and
+  backward); the hasher hashes the slot and writes its manifest (only then is it complete:
   a kill -9 before that finds the previous snapshot, and restore/the supervisor never use the
   incomplete one). It goes into a slot nobody holds that is not the only complete one; when there
   is none (the previous snapshot is still being hashed, or the writer still finalizes the other
@@ -39,7 +41,7 @@ from .. import rundir
 from .engine import Trained
 from .._process.messages import say
 from ..errors import CollectiveTimeout
-from .late_copy import CHANGED_WHILE_COPIED, LateCopy, spare_core
+from .late_copy import CHANGED_WHILE_COPIED, LateCopy
 from .memory_snapshot import SlotError, Slots
 from .slot_restore import SlotRestore
 from .._policies.memory_interval import AutoMemory
@@ -142,7 +144,7 @@ class FastSaver(SlotRestore):
             return bool(self.memory_every and step % self.memory_every == 0)
         now = time.monotonic()
         if self._last_step_t is not None:
-            self.auto_memory.observe_step(now - self._last_step_t)
+            self._observe_step(now - self._last_step_t)
             self.run.engine.hb.fields[EVERY_FIELD] = self.auto_memory.every
         self._last_step_t = now
         return step - self._last_memory_step >= self.auto_memory.every  # a skipped one is retried next step
@@ -203,6 +205,8 @@ class FastSaver(SlotRestore):
             self._last_memory_step = snap.global_step
             with self._cv:
                 self._hashing = (idx, snap, time.perf_counter() - t0)
+                if self.auto_memory is not None:
+                    self.auto_memory.snapshot_started()
                 self._cv.notify_all()
 
     def _finalize_now(self, idx: int, snap: ckpt.Snapshot) -> None:
@@ -316,7 +320,7 @@ class FastSaver(SlotRestore):
                 if self.late is None or self.late.verdict(lambda: self._closed):
                     slot.commit(snap, self.meta, self.world, known)
                     ok = True
-                    self._observe(slot, stall, time.thread_time() - cpu0)
+                    self._hashed(slot, stall, time.thread_time() - cpu0)
                 else:
                     slot.invalidate()
                     self._fail(_Job(idx, snap, persist=False), CHANGED_WHILE_COPIED)
@@ -329,15 +333,16 @@ class FastSaver(SlotRestore):
                 self._hashing = None
                 self._cv.notify_all()
 
-    def _observe(self, slot: Any, stall: float, cpu: float) -> None:
-        """memory_every_steps="auto": one snapshot's cost, what training lost to it: the copy run.step()
-        waited for, the wait for the late copy, and the background CPU unless a core is left for it."""
-        if self.auto_memory is None or slot.created:  # a slot's first fill (it creates the file) is no measure
-            return
-        waited = self.late.last_wait if self.late is not None else 0.0
-        cost = stall + waited + (0.0 if spare_core() else cpu)
-        # the heartbeat says the interval now in force, not the one of the last step
-        self.run.engine.hb.fields[EVERY_FIELD] = self.auto_memory.observe_cost(cost)
+    def _hashed(self, slot: Any, stall: float, cpu: float) -> None:
+        """Hasher: the snapshot is complete; its cost is settled at the next run.step() (_observe_step)."""
+        if self.auto_memory is not None:  # a slot's first fill (it creates the file) is no measure
+            self.auto_memory.snapshot_hashed(stall + (self.late.last_wait if self.late else 0.0) + cpu, not slot.created)
+
+    def _observe_step(self, seconds: float) -> None:
+        assert self.auto_memory is not None
+        with self._cv:
+            hashing, writing = self._hashing is not None, self._job is not None
+        self.auto_memory.observe_step(seconds, busy=hashing or writing, hashing=hashing)
 
     def _settle(self) -> None:
         if self.late is not None:

@@ -21,7 +21,6 @@ hash on the training thread, see async_save); torch optimizers only (the hook is
 from __future__ import annotations
 
 import dataclasses
-import os
 import threading
 import time
 from typing import Any, Callable, Optional
@@ -29,19 +28,10 @@ from typing import Any, Callable, Optional
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-__all__ = ["CHANGED_WHILE_COPIED", "LateCopy", "spare_core"]
+__all__ = ["CHANGED_WHILE_COPIED", "LateCopy"]
 
 CHANGED_WHILE_COPIED = ("memory snapshot dropped: a parameter or optimizer state changed outside optimizer.step() "
                         "while it was copied; later snapshots are copied before run.step() returns")
-
-
-def spare_core() -> bool:
-    """A core is left for background threads: torch computes on fewer threads than this process may use."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    return torch.get_num_threads() < cores
 
 
 @dataclasses.dataclass

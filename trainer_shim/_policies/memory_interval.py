@@ -2,8 +2,10 @@
 
     tau = min(sqrt(2 * C * M), C / BUDGET)      steps = max(1, round(tau / step time))
 
-C is what one snapshot costs: the copy run.step() waits for plus the CPU time of its background
-hash (on a busy box the hash competes with training); M the mean time between failures from the
+C is what one snapshot costs training: how much longer the steps run while it is copied and hashed
+than the steps without one (base_s), measured, since on a spare core the background copy and hash
+cost little, and on a busy box as much as their CPU; until a step without a snapshot is measured,
+the copy run.step() waited for plus the background CPU. M the mean time between failures from the
 run dir's history (save_interval.mtbf_for: the default `mtbf_hours` until a failure is on record).
 Young/Daly alone would wait minutes between snapshots while no failure is on record (M = 24 h:
 tau ~ 60 s for a 40 ms snapshot), so the first failure of a run would lose all of that; the cap
@@ -32,25 +34,61 @@ def memory_interval_s(cost_s: float, mtbf_s: float, budget: float = BUDGET) -> f
 
 
 @dataclasses.dataclass
+class _Cost:
+    """What one snapshot costs training, measured as it goes."""
+    excess: Optional[float]            # the steps beside its background work, over a quiet step (None:
+                                       # no quiet step was known when it began)
+    fallback: Optional[float] = None   # the copy waited for + the background CPU (while no quiet step is known)
+    measure: bool = False              # not a slot's first fill (which creates the file)
+
+
+@dataclasses.dataclass
 class AutoMemory:
     """The current interval in steps, recomputed from each snapshot's cost and the step time."""
 
     mtbf_s: float = DEFAULT_MTBF_HOURS * 3600.0
     cost_s: Optional[float] = None     # EWMA of measured snapshot costs; None before the first one
     step_s: Optional[float] = None     # EWMA of the time between run.step() calls
+    base_s: Optional[float] = None     # EWMA of that time for steps with no snapshot work in the background
     every: int = 1                     # the first snapshot comes at once: it measures C
+    pending: Optional[_Cost] = None    # the snapshot whose background work is not over yet
 
-    def observe_step(self, seconds: float) -> None:
+    def snapshot_started(self) -> None:
+        """run.step() took a snapshot; its background work begins."""
+        self.pending = _Cost(0.0 if self.base_s is not None else None)
+
+    def snapshot_hashed(self, fallback: float, measure: bool) -> None:
+        """Its background work is over (the hasher thread): `fallback` is its cost while no quiet step is known."""
+        if self.pending is not None:
+            self.pending.fallback, self.pending.measure = fallback, measure
+
+    def observe_step(self, seconds: float, busy: bool = False, hashing: bool = False) -> None:
+        """One step's time; `busy`: background save work ran beside it, `hashing`: a snapshot's still does.
+        The snapshot's cost is the steps' excess over a quiet step once its background work is over."""
         s = max(0.0, float(seconds))
-        self.step_s = s if self.step_s is None else (1 - _EWMA) * self.step_s + _EWMA * s
+        self.step_s = _ewma(self.step_s, s)
+        quiet = not busy and self.pending is None
+        if quiet:
+            self.base_s = _ewma(self.base_s, s)
+        cost = self.pending
+        if cost is not None:
+            if cost.excess is not None and self.base_s is not None:
+                cost.excess += s - self.base_s
+            if not hashing:
+                self.pending = None
+                if cost.measure and cost.fallback is not None:
+                    self.observe_cost(cost.fallback if cost.excess is None else cost.excess)
         self._update()
 
     def observe_cost(self, seconds: float) -> int:
-        c = max(0.0, float(seconds))
-        self.cost_s = c if self.cost_s is None else (1 - _EWMA) * self.cost_s + _EWMA * c
+        self.cost_s = _ewma(self.cost_s, max(0.0, float(seconds)))
         self._update()
         return self.every
 
     def _update(self) -> None:
         if self.step_s and self.cost_s is not None:
             self.every = max(1, round(memory_interval_s(self.cost_s, self.mtbf_s) / self.step_s))
+
+
+def _ewma(old: Optional[float], new: float) -> float:
+    return new if old is None else (1 - _EWMA) * old + _EWMA * new
