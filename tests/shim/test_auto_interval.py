@@ -194,3 +194,16 @@ def _run_shim(code):
     p = subprocess.run([PYTHON, "-c", code], env=sup_env(), capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-2000:]
     return p.stdout.strip().splitlines()
+
+
+def test_memory_auto_takes_a_pause_in_the_loop_for_no_step():
+    """An evaluation or a break between run.step() calls is no step time: the interval stays."""
+    from trainer_shim._policies.memory_interval import AutoMemory
+
+    a = AutoMemory(mtbf_s=24 * 3600)
+    for _ in range(10):
+        a.observe_step(0.1)
+    a.observe_cost(0.01)
+    every = a.every
+    a.observe_step(30.0)
+    assert (a.every, a.step_s, a.base_s) == (every, pytest.approx(0.1), pytest.approx(0.1))

@@ -25,6 +25,7 @@ __all__ = ["BUDGET", "memory_interval_s", "AutoMemory"]
 
 BUDGET = 0.01      # share of training time snapshots may cost while failures are rare
 _EWMA = 0.3
+PAUSE = 4.0        # a "step" this many times the usual one is a pause in the loop, not a step
 
 
 def memory_interval_s(cost_s: float, mtbf_s: float, budget: float = BUDGET) -> float:
@@ -66,6 +67,8 @@ class AutoMemory:
         """One step's time; `busy`: background save work ran beside it, `hashing`: a snapshot's still does.
         The snapshot's cost is the steps' excess over a quiet step once its background work is over."""
         s = max(0.0, float(seconds))
+        if self.step_s is not None and s > PAUSE * self.step_s:
+            return  # a pause (evaluation, a disk save, a break in the loop), not a step: no measure
         self.step_s = _ewma(self.step_s, s)
         quiet = not busy and self.pending is None
         if quiet:
