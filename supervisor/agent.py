@@ -241,6 +241,7 @@ class Supervisor:
         self.history.attempts_total += 1
         monitor = HeartbeatMonitor(self.rd, n, self.config, time.monotonic(), self.learner)
         self.attempt = a = Attempt.begin(n, child, chosen, monitor, kernel_log, oom_base)
+        a.snapshot_at_start = snapshots.newest_step(self.rd)
         child.note(f"attempt {n} started at {now_iso()} (pid {child.pid}"
                    + (", prestarted" if sb else "") + f"), resuming from {chosen or 'scratch'}")
         self.state = State.RUNNING
@@ -268,7 +269,9 @@ class Supervisor:
         # Whatever the main process left behind (workers, ranks) goes now: no survivor of the old tree.
         a.kill(min(CHILD_EXIT_GRACE, self.config.grace_period), self._tick)
         a.child.drain()
-        self.choice.persist_snapshot()  # before the next choice: a snapshot newer than the disk is not lost
+        deferred = snapshots.restart_persists(self.rd, a.snapshot_at_start)
+        if not deferred:
+            self.choice.persist_snapshot()  # before the next choice: a snapshot newer than the disk is not lost
         a.monitor.observe(time.monotonic())
         result = assess(self.rd, a, rc, cgroup=self._cgroup, stop_requested=self.stop_requested,
                         poisoned=self.history.poisoned)

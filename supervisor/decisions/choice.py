@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
 
-from trainer_shim.rundir import POISONED, Event, RunDir, checkpoint_roots, newest_valid
+from trainer_shim.rundir import POISONED, Event, RunDir, checkpoint_roots, newest_valid, parse_checkpoint_name
 
 from ..process import snapshots
 from ..messages import say
@@ -36,6 +36,9 @@ class CheckpointChoice:
     def poison(self, path: str, reason: str) -> None:
         """Never resume from `path` again, in this supervisor or any later one on this run dir."""
         self.poisoned.add(path)
+        step = parse_checkpoint_name(Path(path).name)
+        if step is not None:
+            snapshots.drop_step(self.rd, step)
         say(f"checkpoint rejected: {path}: {POISONED}: {reason}")
         # Poisoning travels as its own field; the reason says only why (readers test the field).
         self._emit(Event.CHECKPOINT_REJECTED, path=path, reason=reason, **{POISONED: True})

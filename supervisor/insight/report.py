@@ -125,6 +125,13 @@ def _recovery(c: AttemptCost, prev: Optional[dict], t_start: float, fs: Optional
         c.recover_total = round(t_first - (failed if failed is not None else prev_end), 3)
 
 
+def _resumed_step(a: dict) -> int:
+    """The step an attempt resumed at: what it loaded (its end record says, e.g. a memory snapshot
+    newer than the supervisor's choice), else the checkpoint it was told to resume from."""
+    en = a.get("ended")
+    return _step_of(en["resumed_from"] if en and "resumed_from" in en else a["started"].get("resume_from"))
+
+
 def build_report(rd: RunDir) -> RunReport:
     attempts = _by_attempt(read_events(rd))
     out: list[AttemptCost] = []
@@ -133,10 +140,10 @@ def build_report(rd: RunDir) -> RunReport:
     for n in sorted(attempts):
         a = attempts[n]
         st, en, fs = a["started"], a.get("ended"), a.get("first")
-        resumed = _step_of(st.get("resume_from"))
+        resumed = _resumed_step(a)
         last = en.get("step") if en else None
-        nxt = attempts.get(n + 1, {}).get("started")
-        redone = max(0, last - _step_of(nxt.get("resume_from"))) if (nxt and last is not None) else 0
+        nxt = attempts.get(n + 1)
+        redone = max(0, last - _resumed_step(nxt)) if (nxt and last is not None) else 0
         lost += redone
         c = AttemptCost(attempt=n, start=st["time"], end=en["time"] if en else None,
                         kind=en.get("kind") if en else None, evidence=en.get("evidence") if en else None,

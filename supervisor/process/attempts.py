@@ -55,6 +55,7 @@ class Attempt:
     peers_ended: bool = False           # the ranks that outlived a crashed one were ended (once)
     failed_at: Optional[float] = None   # wall clock: best estimate of when the failure happened
     detected_at: Optional[float] = None  # wall clock: when the supervisor saw it and began to stop it
+    snapshot_at_start: Optional[int] = None  # step of the newest memory snapshot when it started
 
     @classmethod
     def begin(cls, n: int, child: procs.Child, chosen: Optional[str], monitor: HeartbeatMonitor,

@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from trainer_shim.rundir import (
-    ContractError, Event, RunDir, free_group, free_slots, lock_pid, persist_newest as persist_newest_slot, run_slots,
+    MANIFEST_NAME, ContractError, Event, RunDir, complete_slots, free_group, free_slots, lock_pid, newest_complete,
+    persist_newest as persist_newest_slot, run_slots, snapshot_slot_ranks,
 )
 
 from ..errors import RunDirError
@@ -29,6 +30,35 @@ def persist_newest(rd: RunDir, emit: Callable[..., Any], say: Callable[[str], No
         path, manifest = done
         say(f"persisted memory snapshot of step {manifest.global_step} to {path}")
         emit(Event.CHECKPOINT_PERSISTED_BY_SUPERVISOR, path=str(path), step=manifest.global_step)
+
+
+def newest_step(rd: RunDir) -> Optional[int]:
+    """The step of the newest complete memory snapshot of a one-process job (None: none, or N ranks')."""
+    try:
+        slots = newest_complete(rd.root, rd.node)
+    except (OSError, ContractError):
+        return None
+    return slots[0].step if slots is not None and len(slots) == 1 else None
+
+
+def restart_persists(rd: RunDir, at_start: Optional[int]) -> bool:
+    """The next attempt can persist the newest snapshot itself: one process's, made by the attempt
+    that just ended (newer than the newest one when it started). The next attempt restores it from
+    memory (it is newer than any disk checkpoint) and its writer persists it beside its first steps,
+    so the restart need not wait for the copy to disk. Otherwise (N ranks' slots to merge, or an
+    attempt that made no snapshot: a crash loop must find the checkpoint it poisons on disk) the
+    supervisor persists it before the next choice."""
+    now = newest_step(rd)
+    return now is not None and (at_start is None or now > at_start)
+
+
+def drop_step(rd: RunDir, step: int) -> None:
+    """A checkpoint of `step` is poisoned: its memory snapshot (every rank's) is no longer complete,
+    so no trainer restores it in place of the older checkpoint the supervisor chose."""
+    for rank in snapshot_slot_ranks(rd.root, rd.node):
+        for info in complete_slots(rd.root, rd.node, rank=rank):
+            if info.step == step:
+                (info.path / MANIFEST_NAME).unlink(missing_ok=True)
 
 
 def free(rd: RunDir) -> None:

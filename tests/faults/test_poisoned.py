@@ -33,3 +33,24 @@ def test_poisoned_checkpoint_falls_back_to_the_older_one_after_three_attempts(tm
     assert "poisoned (crash right after resume)" in ended[1]["evidence"]
     assert_bit_exact(out, ref)
     assert_no_survivors(run_dir, str(out))
+
+
+def test_a_poisoned_memory_snapshot_is_persisted_poisoned_and_never_restored_again(tmp_path):
+    """With a memory snapshot every step: attempt 1 is killed right after step 10's snapshot; every
+    attempt resuming from step 10 crashes. The restart after the kill leaves the persist to the next
+    attempt; after attempts that made no new snapshot the supervisor persists it itself, as before, so
+    the crash loop poisons a checkpoint on disk, and the slot of that step is never restored again:
+    the next attempt resumes from the other slot (step 9), not the disk's step 5."""
+    ref = reference(tmp_path, *JOB)
+    run_dir, out = tmp_path / "run", tmp_path / "weights.pt"
+    env = sup_env(TOY_FAULTS="1:kill_settled@10", TOY_CRASH_IF_RESUMED_FROM_STEP="10", TOY_MEMORY_EVERY="1")
+    r = run_cli("--run-dir", str(run_dir), *FAST, TOY, *JOB, "--out", str(out), env=env, timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert ended_kinds(run_dir) == ["signal", "crash", "crash", "crash", "success"]
+    ended = events(run_dir, "attempt_ended")
+    assert [Path(e["resumed_from"]).name if e["resumed_from"] else None for e in ended] == \
+        [None, "step-00000010", "step-00000010", "step-00000010", "step-00000009"]   # the older slot
+    rejected = events(run_dir, "checkpoint_rejected")
+    assert [(Path(e["path"]).name, e.get("poisoned")) for e in rejected] == [("step-00000010", True)], rejected
+    assert_bit_exact(out, ref)
+    assert_no_survivors(run_dir, str(out))

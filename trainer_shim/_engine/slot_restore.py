@@ -70,6 +70,10 @@ class SlotRestore:
             self.run.resumed_from = str(disk.path)
         else:
             self.persist_restored(info)
+            # Named as the checkpoint its writer persists it to (the supervisor leaves that to this
+            # attempt after a kill: supervisor.process.snapshots.restart_persists), so the step it
+            # resumed at reads the same in heartbeats, reports and crash-loop decisions either way.
+            self.run.resumed_from = str(self.run.rd.checkpoints / rundir.checkpoint_name(info.step))
 
     def dropped(self, path: Path) -> None:
         """The restore loop refused slot `path`: never picked again (by a later attempt or the
