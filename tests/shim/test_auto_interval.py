@@ -89,7 +89,7 @@ def test_init_auto_uses_the_run_dirs_mtbf_and_the_measured_save(tmp_path):
     assert hb["save_interval_s"] == pytest.approx(after, abs=1e-3)
 
 
-def test_memory_auto_is_young_daly_capped_at_one_percent_of_training_time():
+def test_memory_auto_is_young_daly_capped_at_its_share_of_training_time():
     from trainer_shim._policies.memory_interval import BUDGET, AutoMemory, memory_interval_s
 
     assert memory_interval_s(0.04, 24 * 3600) == pytest.approx(0.04 / BUDGET)    # rare failures: the cap
