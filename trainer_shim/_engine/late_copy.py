@@ -6,8 +6,9 @@ the optimizer's next step() nothing changes the parameters or the optimizer stat
 backward read them and write gradients. So run.step() copies only the rest into the slot (buffers,
 which forward may change, e.g. BatchNorm statistics; RNG, loader and scheduler state) and hands
 the tensors the optimizer owns (its parameters and their state) to the hasher thread, which copies
-them while forward and backward run (on a spare core: a job with fewer torch threads than cores
-has one), then hashes the slot. The copy is complete before the optimizer's next step() (a global
+them while forward and backward run (on another core: what that still costs training, memory
+bandwidth, is measured for memory_every_steps="auto", see _policies/memory_interval), then hashes
+the slot. The copy is complete before the optimizer's next step() (a global
 step pre-hook waits for it), before the next run.step() at the latest.
 
 Safety: the snapshot is committed (its manifest written) only after the training thread, at that
