@@ -6,6 +6,7 @@ Private: users rely only on what `trainer_shim` exports.
     checkpoint       member I/O: hashed, fsynced writes; safe weights_only reads; the manifest
     data             mid-epoch data resume: skip consumed batches by index
     landing          memory a restore lands in, faulted in by the warm standby while it waits
+    late_copy        memory snapshots copy the optimizer's tensors while the next step computes
     engine           the collaborators saving/restoring/async saves share (Engine, Reporter, Stream)
     loading          `load()`: verify and load a checkpoint outside a training run
     memory_snapshot  write a checkpoint into a /dev/shm slot with the stall of a memory copy
@@ -17,6 +18,7 @@ Private: users rely only on what `trainer_shim` exports.
     saving           ONE commit protocol for 1..N ranks (decide -> write -> manifest -> rename)
     sharded          DCP (FSDP2/DTensor) model and optimizer state
     slot_restore     restoring from memory snapshot slots (FastSaver's part the restore loop calls)
+    snapshot_hasher  memory snapshots taken at run.step() and completed by the hasher thread
     snapshot_store   memory snapshot slots without torch: find, persist, free
     writer           the body of a background writer thread holding one job at a time
 """

@@ -41,12 +41,13 @@ from .. import rundir
 from .engine import Trained
 from .._process.messages import say
 from ..errors import CollectiveTimeout
-from .late_copy import CHANGED_WHILE_COPIED, LateCopy
+from .late_copy import LateCopy
 from .memory_snapshot import SlotError, Slots
 from .slot_restore import SlotRestore
+from .snapshot_hasher import EVERY_FIELD, SKIPPED_FIELD, SnapshotHasher
 from .._policies.memory_interval import AutoMemory
 from .._policies.save_interval import AUTO, mtbf_for
-from .writer import low_priority, serve, stop
+from .writer import serve, stop
 from ..rundir import CheckpointInfo, CheckpointKind, Event, InvalidCheckpoint
 
 DRAIN_GRACE = 30.0  # seconds finish()/SIGTERM/exceptions wait for an in-flight save
@@ -62,11 +63,9 @@ class _Job:
 
 
 N_RANKS_EVERY = 10  # memory_every_steps="auto" with N ranks (no per-rank tuning: their steps must match)
-EVERY_FIELD = "memory_every_steps"  # heartbeat field: the memory snapshot interval in force ("auto")
-SKIPPED_FIELD = "memory_snapshots_skipped"  # heartbeat field: due snapshots skipped (previous one still hashing)
 
 
-class FastSaver(SlotRestore):
+class FastSaver(SlotRestore, SnapshotHasher):
     """Owned by a Run's engine (`engine.fast`); see the module docstring for the policy."""
 
     def __init__(self, run: Trained, save_now: Callable[[CheckpointKind], Any], *, async_save: bool,
@@ -139,16 +138,6 @@ class FastSaver(SlotRestore):
         if disk_due:
             self.save_now(CheckpointKind.STEP)
 
-    def _memory_due(self, step: int) -> bool:
-        if self.auto_memory is None:
-            return bool(self.memory_every and step % self.memory_every == 0)
-        now = time.monotonic()
-        if self._last_step_t is not None:
-            self._observe_step(now - self._last_step_t)
-            self.run.engine.hb.fields[EVERY_FIELD] = self.auto_memory.every
-        self._last_step_t = now
-        return step - self._last_memory_step >= self.auto_memory.every  # a skipped one is retried next step
-
     def report(self) -> None:
         """run.step(): the writers' fatal error, else their warnings."""
         if self._fatal is not None:  # the writers' group is unusable after a collective timeout
@@ -185,46 +174,6 @@ class FastSaver(SlotRestore):
     def _busy(self) -> set[int]:
         return ({self._job.slot} if self._job is not None else set()) | \
                ({self._hashing[0]} if self._hashing is not None else set())
-
-    def memory_snapshot(self) -> None:
-        """One copy into a free slot; the hasher completes it. Skipped when no slot is free."""
-        with self._cv:
-            idx = self.slots.target(self._busy()) if self._hashing is None else None
-            if idx is None:
-                self._skip()
-                return
-        t0 = time.perf_counter()
-        snap = self._fill(idx, CheckpointKind.STEP, protected=self.late.protected() if self.late else None)
-        if snap is not None and self.late is not None:
-            self.late.begin(self.slots.slots[idx])
-        if snap is not None and self.world > 1:
-            # N ranks hash on the training thread: a kill then finds every rank's slot of this
-            # step complete, and the supervisor merges slots of one step only.
-            self._finalize_now(idx, snap)
-        elif snap is not None:
-            self._last_memory_step = snap.global_step
-            with self._cv:
-                self._hashing = (idx, snap, time.perf_counter() - t0)
-                if self.auto_memory is not None:
-                    self.auto_memory.snapshot_started()
-                self._cv.notify_all()
-
-    def _finalize_now(self, idx: int, snap: ckpt.Snapshot) -> None:
-        try:
-            self.slots.slots[idx].finalize(snap, self.meta, self.world)
-        except OSError as e:
-            self._fail_slot(idx, e)
-            return
-        with self._cv:
-            self.slots.done(idx)
-
-    def _skip(self) -> None:
-        self.skipped += 1
-        self.run.engine.hb.fields[SKIPPED_FIELD] = self.skipped
-        if self._job is not None and not self._skip_reported:  # the writer holds a slot: say so once
-            self._skip_reported = True
-            self.run.engine.event(Event.SAVE_SKIPPED, step=self.run.global_step, target="memory",
-                                  reason="the writer is still finalizing the other slot")
 
     def _fill(self, idx: int, kind: CheckpointKind, staged: bool = False,
               protected: Optional[set[int]] = None) -> Optional[ckpt.Snapshot]:
@@ -292,61 +241,15 @@ class FastSaver(SlotRestore):
             self._run_job(job)
         except CollectiveTimeout as e:  # a peer's writer is gone: this process must end too
             self._fatal = e
-            self._fail(job, str(e))
+            self._fail(job.snap.global_step, str(e))
         except BaseException as e:  # never let the writer die silently
-            self._fail(job, f"{type(e).__name__}: {e}")
+            self._fail(job.snap.global_step, f"{type(e).__name__}: {e}")
 
     def _job_done(self) -> None:
         self._job = None
 
     def _mark_closed(self) -> None:
         self._closed = True
-
-    def _hash_loop(self) -> None:
-        """Complete each filled memory snapshot: copy its late tensors, hash it, write its manifest last."""
-        low_priority()
-        while True:
-            with self._cv:
-                while self._hashing is None and not self._closed:
-                    self._cv.wait()
-                if self._hashing is None:
-                    return
-                idx, snap, stall = self._hashing
-            slot, ok, cpu0 = self.slots.slots[idx], False, time.thread_time()
-            try:
-                if self.late is not None:
-                    self.late.copy()
-                known = slot.hash_tensors()
-                if self.late is None or self.late.verdict(lambda: self._closed):
-                    slot.commit(snap, self.meta, self.world, known)
-                    ok = True
-                    self._hashed(slot, stall, time.thread_time() - cpu0)
-                else:
-                    slot.invalidate()
-                    self._fail(_Job(idx, snap, persist=False), CHANGED_WHILE_COPIED)
-            except BaseException as e:  # never let the hasher die silently; the slot stays incomplete
-                slot.invalidate()
-                self._fail(_Job(idx, snap, persist=False), f"memory snapshot: {type(e).__name__}: {e}")
-            with self._cv:
-                if ok:
-                    self.slots.done(idx)
-                self._hashing = None
-                self._cv.notify_all()
-
-    def _hashed(self, slot: Any, stall: float, cpu: float) -> None:
-        """Hasher: the snapshot is complete; its cost is settled at the next run.step() (_observe_step)."""
-        if self.auto_memory is not None:  # a slot's first fill (it creates the file) is no measure
-            self.auto_memory.snapshot_hashed(stall + (self.late.last_wait if self.late else 0.0) + cpu, not slot.created)
-
-    def _observe_step(self, seconds: float) -> None:
-        assert self.auto_memory is not None
-        with self._cv:
-            hashing, writing = self._hashing is not None, self._job is not None
-        self.auto_memory.observe_step(seconds, busy=hashing or writing, hashing=hashing)
-
-    def _settle(self) -> None:
-        if self.late is not None:
-            self.late.settle()
 
     def _run_job(self, job: _Job) -> None:
         slot = self.slots.slots[job.slot]
@@ -382,18 +285,18 @@ class FastSaver(SlotRestore):
 
         outcome = saving.save_snapshot(run, job.snap, self.wgroup, copy)
         if outcome.error is not None:  # each root's failure is an event already (background: true)
-            self._fail(job, outcome.error, event=False)
+            self._fail(job.snap.global_step, outcome.error, event=False)
         elif outcome.committed:
             run.engine.last_size = outcome.nbytes
             run.checkpoint_step = job.snap.global_step
             run.engine.hb.fields["checkpoint_step"] = job.snap.global_step
 
-    def _fail(self, job: _Job, error: str, event: bool = True) -> None:
-        path = self.run.rd.checkpoints / rundir.checkpoint_name(job.snap.global_step)
+    def _fail(self, step: int, error: str, event: bool = True) -> None:
+        path = self.run.rd.checkpoints / rundir.checkpoint_name(step)
         if event:
             self.run.engine.event(Event.CHECKPOINT_FAILED, path=str(path), error=error, background=True)
         with self._cv:
-            self._warnings.append(f"background checkpoint at step {job.snap.global_step} failed: {error}")
+            self._warnings.append(f"background checkpoint at step {step} failed: {error}")
 
 
 def make(run: Trained, save_now: Callable[[CheckpointKind], Any], async_save: bool,
