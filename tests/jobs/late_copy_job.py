@@ -13,7 +13,6 @@ step it resumed at and whether model and optimizer state equal --expect bit for 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -25,7 +24,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import trainer_shim  # noqa: E402
-from tests.jobs.raw_restore_job import tensors  # noqa: E402
+from tests.jobs.raw_restore_job import snap_restore_parser, tensors  # noqa: E402
 
 WIDTH = 512  # ~4 MiB of weights + 8 MiB of Adam state: the copy runs for a while beside forward
 
@@ -46,11 +45,7 @@ def train_step(model: nn.Module, opt: torch.optim.Optimizer, step: int) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["snap", "restore"])
-    ap.add_argument("--run-dir", required=True)
-    ap.add_argument("--expect", required=True)
-    ap.add_argument("--steps", type=int, default=6)
+    ap = snap_restore_parser(6)
     ap.add_argument("--mutate-at", type=int, default=0)
     args = ap.parse_args()
     model, opt = build(0 if args.mode == "snap" else 1)

@@ -45,12 +45,18 @@ def tensors(model: nn.Module, opt: torch.optim.Optimizer) -> dict[str, torch.Ten
     return out
 
 
-def main() -> None:
+def snap_restore_parser(steps: int) -> argparse.ArgumentParser:
+    """The arguments of a snap-then-restore job: mode, --run-dir, --expect, --steps."""
     ap = argparse.ArgumentParser()
     ap.add_argument("mode", choices=["snap", "restore"])
     ap.add_argument("--run-dir", required=True)
     ap.add_argument("--expect", required=True)
-    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=steps)
+    return ap
+
+
+def main() -> None:
+    ap = snap_restore_parser(3)
     ap.add_argument("--save-every", type=int, default=1000)
     ap.add_argument("--warm-optimizer", action="store_true")
     args = ap.parse_args()
