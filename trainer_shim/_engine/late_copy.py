@@ -70,14 +70,11 @@ class LateCopy:
             out.update(v.data_ptr() for v in state.values() if isinstance(v, torch.Tensor))
         return out
 
-    def begin(self, slot: Any) -> bool:
-        """run.step(): the slot has late tensors for the hasher (False: it has none)."""
-        tensors = slot.late_tensors()
-        if not tensors:
-            return False
-        with self.cv:
-            self.pending = _Pending(slot, [t._version for t in tensors])
-        return True
+    def begin(self, slot: Any) -> None:
+        """run.step(): hand the slot's late tensors (if any) to the hasher."""
+        if slot.late:
+            with self.cv:
+                self.pending = _Pending(slot, _versions(slot))
 
     # --- hasher thread ---------------------------------------------------------------------------
 
@@ -118,7 +115,7 @@ class LateCopy:
             while not p.copied:
                 self.cv.wait(1.0)
         self.last_wait = time.perf_counter() - t0
-        ok = not p.failed and [t._version for t in p.slot.late_tensors()] == p.versions
+        ok = not p.failed and _versions(p.slot) == p.versions
         with self.cv:
             p.ok = ok
             self.cv.notify_all()
@@ -130,3 +127,9 @@ class LateCopy:
 
     def close(self) -> None:
         self._hook.remove()
+
+
+def _versions(slot: Any) -> list[int]:
+    """The late tensors' autograd version counters (torch bumps one on every in-place op; there is
+    no public accessor)."""
+    return [t._version for t in slot.late_tensors()]
