@@ -90,3 +90,27 @@ def test_load_refuses_malicious_and_loads_good(refs, tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="weights_only"):
         trainer_shim.load(bad, model=model)
     assert not marker.exists()
+
+
+def test_a_flipped_tensor_byte_torch_load_accepts_is_refused_and_nothing_is_applied(tmp_path: Path) -> None:
+    """The digests are hashed while torch.load reads the members: a byte flipped inside a tensor's
+    data (which torch.load reads without complaint) must still refuse the checkpoint, and the model
+    must keep its own weights."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(256, 256)
+    run = trainer_shim.init(model=model, run_dir=tmp_path / "run", save_on_epoch_end=False)
+    run.global_step = 1
+    path = run.save()
+    run.finish()
+    member = path / "model.pt"
+    with open(member, "r+b") as f:
+        f.seek(member.stat().st_size // 2)   # the weight's data: 256 KiB of the ~257 KiB file
+        b = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([b[0] ^ 0x01]))
+    torch.load(member, weights_only=True)   # the damage is invisible to torch.load itself
+    other = torch.nn.Linear(256, 256)
+    before = {k: v.clone() for k, v in other.state_dict().items()}
+    with pytest.raises(CheckpointError, match="model.pt digest mismatch"):
+        trainer_shim.load(path, model=other)
+    assert all(torch.equal(before[k], v) for k, v in other.state_dict().items())

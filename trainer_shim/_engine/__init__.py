@@ -9,6 +9,7 @@ Private: users rely only on what `trainer_shim` exports.
     late_copy        memory snapshots copy the optimizer's tensors while the next step computes
     engine           the collaborators saving/restoring/async saves share (Engine, Reporter, Stream)
     loading          `load()`: verify and load a checkpoint outside a training run
+    mapped_load      a plain member restored into the live tensors it belongs to: one copy, not two
     memory_snapshot  write a checkpoint into a /dev/shm slot with the stall of a memory copy
     raw_tensors      the raw tensor layout of a split checkpoint member
     restoring        ONE restore loop for 1..N ranks, with fallback on rejection

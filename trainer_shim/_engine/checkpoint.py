@@ -12,13 +12,14 @@ import dataclasses
 import errno
 import os
 import shutil
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
 
-from . import raw_tensors
+from . import mapped_load, raw_tensors
 from ..rundir.writeback import Writeback
 from .. import rundir
 from ..errors import CheckpointError
@@ -209,17 +210,27 @@ def load_file(ckpt_dir: Path, fname: str, into: Any = None) -> Any:
 
     A split member (memory snapshot format: `<fname>.tensors` + `<fname>.table`) has its tensors
     verified and copied straight into the tensors at the same places in `into` (a live state
-    dict); when that filled every one of them and nothing else differs, `into` itself is
-    returned (the state is already applied), else the state with fresh tensors where needed.
+    dict); a plain member whose structure is `into`'s is mapped and copied into it (mapped_load;
+    its digest must have been checked already). When that filled every one of them and nothing
+    else differs, `into` itself is returned (the state is already applied), else the state with
+    fresh tensors where needed.
     """
     path = Path(ckpt_dir) / fname
+    tpath = path.with_name(fname + rundir.TENSORS_SUFFIX)
+    split = tpath.exists()
+    mapped = not split and mapped_load.wanted(path, into)
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
+        obj = torch.load(path, map_location="cpu", weights_only=True, mmap=mapped)
     except Exception as e:  # weights_only refusals are UnpicklingError; corrupt zips RuntimeError
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise CheckpointError(f"{fname}: torch.load(weights_only=True) refused it: {type(e).__name__}: {first}") from e
-    tpath = path.with_name(fname + rundir.TENSORS_SUFFIX)
-    if not tpath.exists():
+    if mapped:
+        filled = mapped_load.fill(obj, into)
+        if filled is None:   # structures differ: every tensor cloned off the mapping
+            return map_leaves(obj, lambda v: v.clone() if isinstance(v, torch.Tensor) else v)
+        same, live_for = filled
+        return into if same else map_leaves(obj, lambda v: live_for[id(v)] if isinstance(v, torch.Tensor) else v)
+    if not split:
         return obj
     targets: dict[int, Any] = {}
     same = raw_tensors.match(obj, into, targets)
@@ -281,19 +292,74 @@ def read_checkpoint(ckpt_dir: Path, *, root: Optional[Path] = None, model_only: 
                     names: Optional[list[str]] = None, verify: bool = True,
                     into: Optional[dict[str, Any]] = None) -> tuple[rundir.CheckpointInfo, dict[str, Any]]:
     """Verify digests (unless the caller just did), then load every member (or `names`) safely,
-    split members straight into `into[name]` (see load_file); CheckpointError with the reason."""
+    split members straight into `into[name]` (see load_file); CheckpointError with the reason.
+
+    What torch.load turns into fresh objects is hashed in a background thread while it loads (the
+    hash was a fifth of a disk restore), and nothing is returned before that hash agrees; what is
+    copied into the live `into` tensors (a split member's skeleton and table, a mapped member) is
+    verified first."""
     try:
-        info = rundir.inspect_checkpoint(Path(ckpt_dir), full=verify, root=root, digest_only=raw_covered)
+        info = rundir.inspect_checkpoint(Path(ckpt_dir), root=root)
+        files = info.manifest.files
+        if names is not None:
+            names = [n for n in names if n in files or n == names[-1]]
+        else:
+            # DCP members (sharded checkpoints) are read by sharded.load, not torch.load.
+            names = [MODEL_FILE] if model_only else [f for f in files if f.endswith(".pt")]
+        # Verified before they are read: what is copied into the live `into` tensors (the copy
+        # cannot be undone). The rest is hashed while torch.load reads it.
+        first = set()
+        for n in names if verify else ():
+            if _split(n, files):
+                first |= {n, n + rundir.TABLE_SUFFIX}
+            elif n in files and mapped_load.wanted(info.path / n, (into or {}).get(n)):
+                first.add(n)
+        if first:
+            rundir.inspect_checkpoint(info.path, full=True, digest_only=lambda fs: first)
     except rundir.InvalidCheckpoint as e:
         raise CheckpointError(e.reason) from e
-    if names is not None:
-        names = [n for n in names if n in info.manifest.files or n == names[-1]]
-    else:
-        # DCP members (sharded checkpoints) are read by sharded.load, not torch.load.
-        names = [MODEL_FILE] if model_only else [f for f in info.manifest.files if f.endswith(".pt")]
-    out = {}
-    for fname in names:
-        if fname not in info.manifest.files:
-            raise CheckpointError(f"{fname} is not in the manifest")
-        out[fname] = load_file(info.path, fname, (into or {}).get(fname))
+    later = (lambda fs: [n for n in raw_covered(fs) if n not in first]) if verify else None
+    with _BackgroundDigests(info.path, later):
+        out = {}
+        for fname in names:
+            if fname not in files:
+                raise CheckpointError(f"{fname} is not in the manifest")
+            out[fname] = load_file(info.path, fname, (into or {}).get(fname))
     return info, out
+
+
+def _split(fname: str, files: dict[str, FileEntry]) -> bool:
+    """A memory-snapshot member: its tensors are copied into live state as they are read."""
+    return fname + rundir.TENSORS_SUFFIX in files and fname + rundir.TABLE_SUFFIX in files
+
+
+class _BackgroundDigests:
+    """The whole-file digests of a checkpoint's `pick`ed members, hashed in a thread while the body
+    loads them; leaving the body waits for it and raises a digest that differs, in place of the
+    body's own CheckpointError (a corrupt file can make torch.load fail too, with a vaguer reason).
+    A thread that died unexpectedly verified nothing: that is an error too. `pick` None: nothing."""
+
+    def __init__(self, path: Path, pick: Optional[Callable[[dict[str, FileEntry]], list[str]]]) -> None:
+        self._path, self._pick = path, pick
+        self._error: Optional[str] = "its digests could not be computed"
+        self._thread = None if pick is None else threading.Thread(target=self._run, name="trainer_shim-verify",
+                                                                   daemon=True)
+
+    def _run(self) -> None:
+        try:
+            rundir.inspect_checkpoint(self._path, full=True, digest_only=self._pick)
+            self._error = None
+        except rundir.InvalidCheckpoint as e:
+            self._error = e.reason
+
+    def __enter__(self) -> "_BackgroundDigests":
+        if self._thread is not None:
+            self._thread.start()
+        return self
+
+    def __exit__(self, exc_type: Optional[type], *exc: Any) -> None:
+        if self._thread is None:
+            return
+        self._thread.join()
+        if self._error is not None and (exc_type is None or issubclass(exc_type, CheckpointError)):
+            raise CheckpointError(self._error)
