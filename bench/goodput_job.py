@@ -5,6 +5,10 @@ deterministic batch per global step (so final weights are comparable bit for bit
     GOODPUT_MODE=shim       trainer_shim.init(**json(GOODPUT_OPTS)) (under resilient-run)
     GOODPUT_MODE=torchsave  what a careful user writes under torchrun: torch.save to a temp file,
                             fsync, rename, fsync the dir every --save-every steps; resume from it
+    GOODPUT_MODE=dlrover    DLRover's Flash Checkpoint as its docs show it, under `dlrover-run`:
+                            a memory save every --memory-every steps, a disk save every --save-every
+                            steps, resume from load_checkpoint() (its agent keeps the memory copy
+                            across a restart)
 
 GOODPUT_MARKS: each attempt appends "start <pid> <time>", then "step <N> <time>" per step (the
 bench counts steps redone and finds the process to kill from them).
@@ -48,12 +52,47 @@ def _durable_save(state: dict, path: Path) -> None:
         os.close(fd)
 
 
+class _Flash:
+    """DLRover Flash Checkpoint with run.step()/finish() like the shim's Run (one code path below)."""
+
+    def __init__(self, root: str, model, opt, disk_every: int, memory_every: int) -> None:
+        from dlrover.trainer.torch.flash_checkpoint.ddp import DdpCheckpointer, StorageType
+
+        self._ck, self._types, self.root = DdpCheckpointer(root), StorageType, root
+        self.model, self.opt, self.disk_every, self.global_step = model, opt, disk_every, 0
+        self.memory_every = memory_every
+
+    def restore(self) -> int:
+        state = self._ck.load_checkpoint()   # from the agent's shared memory, else its newest on disk
+        if state:
+            self.model.load_state_dict(state["model"])
+            self.opt.load_state_dict(state["optimizer"])
+            self.global_step = int(state["step"])
+        return self.global_step
+
+    def step(self) -> None:
+        self.global_step += 1
+        if self.global_step % self.disk_every == 0:
+            kind = self._types.DISK
+        elif self.global_step % self.memory_every == 0:
+            kind = self._types.MEMORY
+        else:
+            return
+        self._ck.save_checkpoint(self.global_step, {"model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
+                                                    "step": self.global_step},
+                                 os.path.join(self.root, f"checkpoint-{self.global_step}.pt"), storage_type=kind)
+
+    def finish(self) -> None:
+        pass
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--mb", type=int, default=128)
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--save-every", type=int, default=20)
+    ap.add_argument("--memory-every", type=int, default=1, help="dlrover mode: steps between memory saves")
     ap.add_argument("--dir", required=True)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
@@ -68,6 +107,9 @@ def main() -> None:
         run = trainer_shim.init(model=model, optimizer=opt, run_dir=args.dir, save_on_epoch_end=False,
                                 **json.loads(os.environ.get("GOODPUT_OPTS") or "{}"))
         step = run.global_step
+    elif mode == "dlrover":
+        run = _Flash(args.dir, model, opt, args.save_every, args.memory_every)
+        step = run.restore()
     elif mode == "torchsave" and ckpt.exists():
         state = torch.load(ckpt, map_location="cpu", weights_only=True)
         model.load_state_dict(state["model"])
