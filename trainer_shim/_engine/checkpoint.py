@@ -219,11 +219,18 @@ def load_file(ckpt_dir: Path, fname: str, into: Any = None) -> Any:
     tpath = path.with_name(fname + rundir.TENSORS_SUFFIX)
     split = tpath.exists()
     mapped = not split and mapped_load.wanted(path, into)
-    try:
-        obj = torch.load(path, map_location="cpu", weights_only=True, mmap=mapped)
-    except Exception as e:  # weights_only refusals are UnpicklingError; corrupt zips RuntimeError
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise CheckpointError(f"{fname}: torch.load(weights_only=True) refused it: {type(e).__name__}: {first}") from e
+    obj = None
+    if mapped:
+        try:
+            obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except Exception:  # a filesystem that cannot map it is no reason to reject the checkpoint
+            mapped = False
+    if obj is None:
+        try:
+            obj = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as e:  # weights_only refusals are UnpicklingError; corrupt zips RuntimeError
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise CheckpointError(f"{fname}: torch.load(weights_only=True) refused it: {type(e).__name__}: {first}") from e
     if mapped:
         filled = mapped_load.fill(obj, into)
         if filled is None:   # structures differ: every tensor cloned off the mapping
