@@ -5,7 +5,8 @@ and `load_state_dict` copies it once more into the model. When the live state di
 fills has exactly the member's containers, keys, shapes and dtypes (a run restoring its own
 checkpoint), the member is mapped instead (`torch.load(mmap=True)`: its tensors read the page
 cache) and each tensor is copied once, into its live counterpart; `load_state_dict` then has
-nothing left to do. Measured on a 256 MB model (bench/bench_shim.py): README, "Checkpoints".
+nothing left to do, or only the other leaves to apply (an optimizer's scheduled lr). Measured on
+a 256 MB model (bench/bench_shim.py): README, "Checkpoint format".
 
 The rules that keep this safe:
 - the member's digest is checked before anything is copied (a copy into the model cannot be
