@@ -321,12 +321,10 @@ def read_checkpoint(ckpt_dir: Path, *, root: Optional[Path] = None, model_only: 
                 first |= {n, n + rundir.TABLE_SUFFIX}
             elif n in files and mapped_load.wanted(info.path / n, (into or {}).get(n)):
                 first.add(n)
-        if first:
-            rundir.inspect_checkpoint(info.path, full=True, digest_only=lambda fs: first)
+        rundir.verify_members(info, sorted(first))
     except rundir.InvalidCheckpoint as e:
         raise CheckpointError(e.reason) from e
-    later = (lambda fs: [n for n in raw_covered(fs) if n not in first]) if verify else None
-    with _BackgroundDigests(info.path, later):
+    with _BackgroundDigests(info, [n for n in raw_covered(files) if n not in first] if verify else []):
         out = {}
         for fname in names:
             if fname not in files:
@@ -341,20 +339,19 @@ def _split(fname: str, files: dict[str, FileEntry]) -> bool:
 
 
 class _BackgroundDigests:
-    """The whole-file digests of a checkpoint's `pick`ed members, hashed in a thread while the body
+    """The whole-file digests of a checkpoint's members `names`, hashed in a thread while the body
     loads them; leaving the body waits for it and raises a digest that differs, in place of the
     body's own CheckpointError (a corrupt file can make torch.load fail too, with a vaguer reason).
-    A thread that died unexpectedly verified nothing: that is an error too. `pick` None: nothing."""
+    A thread that died unexpectedly verified nothing: that is an error too."""
 
-    def __init__(self, path: Path, pick: Optional[Callable[[dict[str, FileEntry]], list[str]]]) -> None:
-        self._path, self._pick = path, pick
+    def __init__(self, info: rundir.CheckpointInfo, names: list[str]) -> None:
+        self._info, self._names = info, names
         self._error: Optional[str] = "its digests could not be computed"
-        self._thread = None if pick is None else threading.Thread(target=self._run, name="trainer_shim-verify",
-                                                                   daemon=True)
+        self._thread = threading.Thread(target=self._run, name="trainer_shim-verify", daemon=True) if names else None
 
     def _run(self) -> None:
         try:
-            rundir.inspect_checkpoint(self._path, full=True, digest_only=self._pick)
+            rundir.verify_members(self._info, self._names)
             self._error = None
         except rundir.InvalidCheckpoint as e:
             self._error = e.reason

@@ -92,7 +92,7 @@ from .layout import (
 )
 from .manifest import (
     FORMAT_VERSION, MANIFEST_NAME, MODEL_FILE, OPTIMIZER_FILE, TRAINER_FILE, CheckpointInfo, CheckpointKind, FileEntry, Manifest, digest_file,
-    commit_age, inspect_checkpoint, new_hasher, safe_member,
+    commit_age, inspect_checkpoint, new_hasher, safe_member, verify_members,
 )
 from .records import (
     HEARTBEAT_FIELDS, ErrorRecord, HeartbeatRecord, Phase, RunState, StandbyMessage, SupervisorState, read_heartbeat,
@@ -140,7 +140,7 @@ __all__ = [
     "poisoned_checkpoints",
     # checkpoints
     "FORMAT_VERSION", "MANIFEST_NAME", "MODEL_FILE", "OPTIMIZER_FILE", "TRAINER_FILE", "CheckpointKind", "FileEntry", "Manifest", "CheckpointInfo",
-    "new_hasher", "digest_file", "safe_member", "inspect_checkpoint", "commit_age", "iter_checkpoint_dirs", "newest_valid", "choose",
+    "new_hasher", "digest_file", "safe_member", "inspect_checkpoint", "verify_members", "commit_age", "iter_checkpoint_dirs", "newest_valid", "choose",
     "repoint_latest", "index_entry", "read_index", "checkpoint_roots",
     "DOWNLOAD_RECORD", "announce_download", "settle_download", "download_pending", "wait_for_download",
     # framework layouts

@@ -21,7 +21,7 @@ from .layout import inside
 __all__ = [
     "commit_age",
     "FORMAT_VERSION", "MANIFEST_NAME", "MODEL_FILE", "OPTIMIZER_FILE", "TRAINER_FILE", "CheckpointKind", "FileEntry", "Manifest", "CheckpointInfo",
-    "new_hasher", "digest_file", "safe_member", "inspect_checkpoint",
+    "new_hasher", "digest_file", "safe_member", "inspect_checkpoint", "verify_members",
 ]
 
 FORMAT_VERSION = 1
@@ -235,6 +235,15 @@ def inspect_checkpoint(path: Path, *, full: bool = False, root: Optional[Path] =
     for rel, ent in manifest.files.items():
         _check_member(path, rel, ent, digest=full and rel in hashed)
     return CheckpointInfo(path, manifest)
+
+
+def verify_members(info: CheckpointInfo, names: Iterable[str]) -> None:
+    """Recompute the digests of `names` (those the manifest lists) of a checkpoint already
+    inspected: InvalidCheckpoint naming the first that differs (a restore splits this work)."""
+    for rel in names:
+        ent = info.manifest.files.get(rel)
+        if ent is not None:
+            _check_member(info.path, rel, ent, digest=True)
 
 
 def commit_age(path: Path) -> Optional[float]:
