@@ -205,20 +205,19 @@ def describe_os_error(e: OSError) -> str:
     return f"{code + ': ' if code else ''}{e.strerror or e}"
 
 
-def load_file(ckpt_dir: Path, fname: str, into: Any = None) -> Any:
+def load_file(ckpt_dir: Path, fname: str, into: Any = None, mapped: bool = False) -> Any:
     """torch.load one member with weights_only=True; CheckpointError names file and reason.
 
     A split member (memory snapshot format: `<fname>.tensors` + `<fname>.table`) has its tensors
     verified and copied straight into the tensors at the same places in `into` (a live state
-    dict); a plain member whose structure is `into`'s is mapped and copied into it (mapped_load;
-    its digest must have been checked already). When that filled every one of them and nothing
+    dict); a `mapped` plain member (mapped_load.wanted) is mapped and copied into `into` when its
+    structure is `into`'s (its digest must have been checked already). When that filled every one of them and nothing
     else differs, `into` itself is returned (the state is already applied), else the state with
     fresh tensors where needed.
     """
     path = Path(ckpt_dir) / fname
     tpath = path.with_name(fname + rundir.TENSORS_SUFFIX)
     split = tpath.exists()
-    mapped = not split and mapped_load.wanted(path, into)
     obj = None
     if mapped:
         try:
@@ -313,14 +312,12 @@ def read_checkpoint(ckpt_dir: Path, *, root: Optional[Path] = None, model_only: 
         else:
             # DCP members (sharded checkpoints) are read by sharded.load, not torch.load.
             names = [MODEL_FILE] if model_only else [f for f in files if f.endswith(".pt")]
+        mapped = {n for n in names if n in files and not _split(n, files)
+                  and mapped_load.wanted(info.path / n, (into or {}).get(n))}
         # Verified before they are read: what is copied into the live `into` tensors (the copy
         # cannot be undone). The rest is hashed while torch.load reads it.
-        first = set()
-        for n in names if verify else ():
-            if _split(n, files):
-                first |= {n, n + rundir.TABLE_SUFFIX}
-            elif n in files and mapped_load.wanted(info.path / n, (into or {}).get(n)):
-                first.add(n)
+        split = {p for n in names if _split(n, files) for p in (n, n + rundir.TABLE_SUFFIX)}
+        first = (split | mapped) if verify else set()
         rundir.verify_members(info, sorted(first))
     except rundir.InvalidCheckpoint as e:
         raise CheckpointError(e.reason) from e
@@ -329,7 +326,7 @@ def read_checkpoint(ckpt_dir: Path, *, root: Optional[Path] = None, model_only: 
         for fname in names:
             if fname not in files:
                 raise CheckpointError(f"{fname} is not in the manifest")
-            out[fname] = load_file(info.path, fname, (into or {}).get(fname))
+            out[fname] = load_file(info.path, fname, (into or {}).get(fname), mapped=fname in mapped)
     return info, out
 
 
