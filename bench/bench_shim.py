@@ -3,7 +3,7 @@
     .venv/bin/python bench/bench_shim.py [--mb 256] [--steps 3000]
 
 Prints one table: measured ratio vs target for step overhead, verified save, verified restore
-and the newest-valid lookup among 1,000 checkpoints. Bare and shim runs alternate and each
+(read back as fresh objects, and into the model as a restore meets it) and the newest-valid lookup among 1,000 checkpoints. Bare and shim runs alternate and each
 side reports its best round (other processes on a shared machine only ever add time).
 """
 
@@ -185,6 +185,10 @@ def main() -> None:
          "<= 1.0x", rs / rb <= 1.0),
         ("  the same into the model / + load_state_dict", f"{ab:.3f} s -> {as_:.3f} s", f"{as_ / ab:.3f}x",
          "<= 1.0x", as_ / ab <= 1.0),
+        # The goal's literal reading, as a user meets a disk restore (into the model, verified)
+        # against only the bare load, which does not even apply the state.
+        ("  the same into the model / torch.load alone", f"{rb:.3f} s -> {as_:.3f} s", f"{as_ / rb:.3f}x",
+         "<= 1.0x", as_ / rb <= 1.0),
         ("newest_valid among 1,000 checkpoints", f"{lookup * 1e3:.2f} ms", f"{lookup * 1e3:.2f} ms",
          "<= 100 ms", lookup <= 0.1),
     ]
