@@ -69,3 +69,19 @@ def test_a_live_state_of_another_structure_is_untouched_and_gets_clones(tmp_path
     del got, files
     gc.collect()
     assert not _mapped(path)
+
+
+def test_load_of_a_finished_run_fills_the_model_and_optimizer_in_place(tmp_path: Path) -> None:
+    path, want, want_opt = _saved(tmp_path)
+    model, opt = _trained(1)
+    weight, moment = model[0].weight, opt.state_dict()["state"][0]["exp_avg"]
+    res = trainer_shim.load(tmp_path / "run", model, optimizer=opt)
+    assert res.path == path and model[0].weight is weight
+    assert all(torch.equal(want[k], v) for k, v in model.state_dict().items())
+    got_opt = opt.state_dict()
+    assert got_opt["state"][0]["exp_avg"] is moment
+    for i, st in want_opt["state"].items():
+        assert all(torch.equal(v, got_opt["state"][i][k]) for k, v in st.items())
+    del res
+    gc.collect()
+    assert not _mapped(path), _mapped(path)

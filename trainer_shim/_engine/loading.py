@@ -34,6 +34,16 @@ def uses_dtensor(model: Any) -> bool:
     return any(isinstance(p, dtensor.DTensor) for p in model.parameters())
 
 
+def _live_states(model: Any, optimizer: Any) -> dict[str, Any]:
+    """The state dicts a plain checkpoint's members may be copied straight into (none: no model)."""
+    live = {}
+    if model is not None:
+        live[ckpt.MODEL_FILE] = model.state_dict()
+    if optimizer is not None:
+        live[ckpt.OPTIMIZER_FILE] = optimizer.state_dict()
+    return live
+
+
 @dataclasses.dataclass
 class LoadResult:
     """What `load()` found: the checkpoint, its manifest, and the model state dict."""
@@ -47,7 +57,11 @@ class LoadResult:
 
 def load(path_or_run_dir: os.PathLike | str, model: Any = None, *, optimizer: Any = None,
          map_location: Any = "cpu", strict: bool = True) -> LoadResult:
-    """Verify and safely load a checkpoint (a checkpoint dir, a checkpoints dir or a run dir) into `model`."""
+    """Verify and safely load a checkpoint (a checkpoint dir, a checkpoints dir or a run dir) into `model`.
+
+    When the checkpoint's model state has exactly the structure of `model`'s (CPU, map_location
+    cpu), it is copied straight into the model's tensors and `model_state` is the model's own state
+    dict; otherwise `model_state` holds fresh tensors, loaded into the model by load_state_dict."""
     p = Path(path_or_run_dir)
     if not (p / rundir.MANIFEST_NAME).exists():
         roots = [p / rundir.CHECKPOINTS] if (p / rundir.CHECKPOINTS).is_dir() else [p]
@@ -59,6 +73,7 @@ def load(path_or_run_dir: os.PathLike | str, model: Any = None, *, optimizer: An
         sharded = rundir.inspect_checkpoint(p).manifest.sharded
     except rundir.InvalidCheckpoint as e:
         raise CheckpointError(e.reason) from e
+    live: dict[str, Any] = {}
     if sharded:  # a DCP set: load it in this one process (resharded to full tensors)
         info, _ = ckpt.read_checkpoint(p, names=[])
         if model is not None and (optimizer is not None or strict):
@@ -67,15 +82,19 @@ def load(path_or_run_dir: os.PathLike | str, model: Any = None, *, optimizer: An
         sd = sharded_module().full_model_state(info.path)
         files: dict[str, Any] = {}
     else:
-        info, files = ckpt.read_checkpoint(p, model_only=optimizer is None)
+        # As a restore does: members whose structure is the live state's are copied straight into
+        # it (checkpoint.load_file), one copy instead of torch.load's and load_state_dict's.
+        live = _live_states(model, optimizer) if map_location in (None, "cpu", torch.device("cpu")) else {}
+        info, files = ckpt.read_checkpoint(p, model_only=optimizer is None, into=live)
         sd = files[ckpt.MODEL_FILE]
     if map_location not in (None, "cpu", torch.device("cpu")):
         sd = {k: v.to(map_location) if isinstance(v, torch.Tensor) else v for k, v in sd.items()}
     missing: list[str] = []
     unexpected: list[str] = []
-    if model is not None:
+    if model is not None and sd is not live.get(ckpt.MODEL_FILE):   # else: already in the model
         res = model.load_state_dict(sd, strict=strict)
         missing, unexpected = list(res.missing_keys), list(res.unexpected_keys)
-    if optimizer is not None and ckpt.OPTIMIZER_FILE in files:
-        optimizer.load_state_dict(files[ckpt.OPTIMIZER_FILE])
+    opt_sd = files.get(ckpt.OPTIMIZER_FILE)
+    if optimizer is not None and opt_sd is not None and opt_sd is not live.get(ckpt.OPTIMIZER_FILE):
+        optimizer.load_state_dict(opt_sd)
     return LoadResult(info.path, info.manifest, sd, missing, unexpected)
