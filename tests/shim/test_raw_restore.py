@@ -9,8 +9,11 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
 import torch
 
+import trainer_shim
+from trainer_shim.errors import CheckpointError
 from tests.conftest import JOBS, PYTHON, child_env
 from tests.save_modes import PLAIN, shm_segments
 from trainer_shim._engine import checkpoint as ckpt
@@ -102,3 +105,19 @@ def test_a_corrupt_tensor_with_no_disk_checkpoint_ends_the_attempt_and_the_next_
     got = _restored(run_dir, expect)
     assert got["step"] == 0 and got["initial"], f"the next attempt did not start fresh: {got}"
     assert not shm_segments(run_dir)
+
+
+def test_load_of_a_persisted_slot_with_a_corrupt_model_tensor_leaves_the_model_untouched(tmp_path: Path) -> None:
+    # load() copies a plain member straight into the model only after its whole-file digest; a
+    # split member's tensors are checked one by one as they land, so load() reads them aside.
+    run_dir, _ = _snapped(tmp_path)
+    final = snapshot_store.persist(snapshot_store.complete_slots(run_dir)[0], tmp_path / "elsewhere")
+    assert final is not None
+    _flip_middle_byte(final / (ckpt.MODEL_FILE + rundir.TENSORS_SUFFIX))
+    torch.manual_seed(5)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(CheckpointError, match="digest mismatch"):
+        trainer_shim.load(final, model)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items()), "load() overwrote part of the model"
+    rundir.free_slots(run_dir)

@@ -34,13 +34,15 @@ def uses_dtensor(model: Any) -> bool:
     return any(isinstance(p, dtensor.DTensor) for p in model.parameters())
 
 
-def _live_states(model: Any, optimizer: Any) -> dict[str, Any]:
-    """The state dicts a plain checkpoint's members may be copied straight into (none: no model)."""
+def _live_states(model: Any, optimizer: Any, files: dict[str, Any]) -> dict[str, Any]:
+    """The state dicts a plain checkpoint's members may be copied straight into: such a member is
+    verified whole before the copy. Not a memory snapshot's split member: its tensors are verified
+    one by one as they land, and a bad one would leave the model partly overwritten; a restore can
+    fall back to an older checkpoint then, a caller of load() would be left with that model."""
     live = {}
-    if model is not None:
-        live[ckpt.MODEL_FILE] = model.state_dict()
-    if optimizer is not None:
-        live[ckpt.OPTIMIZER_FILE] = optimizer.state_dict()
+    for name, obj in ((ckpt.MODEL_FILE, model), (ckpt.OPTIMIZER_FILE, optimizer)):
+        if obj is not None and name + rundir.TENSORS_SUFFIX not in files:
+            live[name] = obj.state_dict()
     return live
 
 
@@ -70,9 +72,10 @@ def load(path_or_run_dir: os.PathLike | str, model: Any = None, *, optimizer: An
             raise CheckpointError(f"no valid checkpoint under {p}")
         p = info.path
     try:
-        sharded = rundir.inspect_checkpoint(p).manifest.sharded
+        members = rundir.inspect_checkpoint(p).manifest
     except rundir.InvalidCheckpoint as e:
         raise CheckpointError(e.reason) from e
+    sharded = members.sharded
     live: dict[str, Any] = {}
     if sharded:  # a DCP set: load it in this one process (resharded to full tensors)
         info, _ = ckpt.read_checkpoint(p, names=[])
@@ -84,7 +87,7 @@ def load(path_or_run_dir: os.PathLike | str, model: Any = None, *, optimizer: An
     else:
         # As a restore does: members whose structure is the live state's are copied straight into
         # it (checkpoint.load_file), one copy instead of torch.load's and load_state_dict's.
-        live = _live_states(model, optimizer) if map_location in (None, "cpu", torch.device("cpu")) else {}
+        live = _live_states(model, optimizer, members.files) if map_location in (None, "cpu", torch.device("cpu")) else {}
         info, files = ckpt.read_checkpoint(p, model_only=optimizer is None, into=live)
         sd = files[ckpt.MODEL_FILE]
     if map_location not in (None, "cpu", torch.device("cpu")):
