@@ -127,6 +127,7 @@ def test_multinode_command_for_four_nodes(slurm: Slurm, tmp_path: Path):
             "--run-dir", "/shared/runs/exp1", "--nproc-per-node", "8", "train.py", "--lr", "0.1"], t.stderr
 
 
+@pytest.mark.long   # ~23 s: make test-faults (the requeue and USR1 stop-and-resume run in make test)
 def test_multinode_script_on_one_node_stops_requeues_and_resumes_exact(slurm_jobs: Slurm, tmp_path: Path):
     """--nodes=1 (torchrun --standalone under srun); USR1 to the batch shell, as the time limit
     sends it: the trap stops the supervisors through srun, and the script requeues the job."""

@@ -14,10 +14,11 @@ import socket
 import sys
 from pathlib import Path
 
+import psutil
+import pytest
+
 from tests.distributed.common import DDP_JOB, FAST
 from tests.support import assert_same_weights, invoke_cli
-import psutil
-
 from tests.supervisor.helpers import alive, ended_kinds, events, kill_group, run_cli, start_cli, sup_env, wait_until
 from trainer_shim import rundir
 
@@ -124,6 +125,7 @@ def test_rank_killed_on_node_1_both_nodes_recover_from_the_same_checkpoint(refer
     assert nodes["1"]["attempt"] == 2 and nodes["0"]["attempt"] == len(kinds0)
 
 
+@pytest.mark.long   # ~33 s: make test-faults (a node's kill and both nodes' recovery run in make test)
 def test_node_restarting_before_its_peer_rejoins_the_closed_rendezvous_without_spending_restarts(
         reference: Path, tmp_path: Path):
     """Node 0 hosts the store; its rank hangs while node 1's rank dies. Node 1's torchrun closed the

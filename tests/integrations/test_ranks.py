@@ -10,10 +10,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.integrations.ranks import HF_JOB, committed_files, two_rank_campaign
 from tests.integrations.test_integrations import _needs
 
 
+@pytest.mark.long   # ~28 s: make test-faults (test_hf_async's two-rank kill runs in make test)
 @_needs("transformers")
 def test_hf_trainer_two_ranks_kill9_of_rank_1_restarts_the_group_exact(tmp_path: Path) -> None:
     # 18 steps on 2 ranks (save every 5): rank 1 dies after step 12, both restart from checkpoint-10.
