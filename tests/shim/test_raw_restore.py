@@ -111,7 +111,10 @@ def test_load_of_a_persisted_slot_with_a_corrupt_model_tensor_leaves_the_model_u
     # load() copies a plain member straight into the model only after its whole-file digest; a
     # split member's tensors are checked one by one as they land, so load() reads them aside.
     run_dir, _ = _snapped(tmp_path)
-    final = snapshot_store.persist(snapshot_store.complete_slots(run_dir)[0], tmp_path / "elsewhere")
+    try:
+        final = snapshot_store.persist(snapshot_store.complete_slots(run_dir)[0], tmp_path / "elsewhere")
+    finally:
+        rundir.free_slots(run_dir)   # the killed job's slots: only the persisted copy is used
     assert final is not None
     _flip_middle_byte(final / (ckpt.MODEL_FILE + rundir.TENSORS_SUFFIX))
     torch.manual_seed(5)
@@ -120,4 +123,3 @@ def test_load_of_a_persisted_slot_with_a_corrupt_model_tensor_leaves_the_model_u
     with pytest.raises(CheckpointError, match="digest mismatch"):
         trainer_shim.load(final, model)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items()), "load() overwrote part of the model"
-    rundir.free_slots(run_dir)
