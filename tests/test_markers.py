@@ -39,6 +39,7 @@ LONG_TESTS = {
     "tests/distributed/test_multinode.py::test_node_restarting_before_its_peer_rejoins_the_closed_rendezvous_without_spending_restarts",
     "tests/integrations/test_ranks.py::test_hf_trainer_two_ranks_kill9_of_rank_1_restarts_the_group_exact",
     "tests/deploy/test_slurm.py::test_multinode_script_on_one_node_stops_requeues_and_resumes_exact",
+    "tests/supervisor/test_warm_restart.py::test_warm_restart_matches_cold_and_is_bit_exact",
 }
 LONG_MODULES = re.compile(r"^tests/.*(_long|/test_soak)\.py::")
 

@@ -4,6 +4,7 @@ cold start to the classifier and to the weights."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from tests.conftest import JOBS
@@ -28,6 +29,7 @@ def _run(tmp_path, name: str, *extra: str) -> tuple:
     return rd, out
 
 
+@pytest.mark.long   # ~30 s, two full runs: make test-faults (the warm tests below run in make test)
 def test_warm_restart_matches_cold_and_is_bit_exact(tmp_path):
     expected = reference(tmp_path)  # the uninterrupted run, shared with test_end_to_end (cached per args)
     warm_rd, warm_out = _run(tmp_path, "warm")
