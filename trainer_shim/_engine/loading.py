@@ -72,12 +72,12 @@ def load(path_or_run_dir: os.PathLike | str, model: Any = None, *, optimizer: An
             raise CheckpointError(f"no valid checkpoint under {p}")
         p = info.path
     try:
-        members = rundir.inspect_checkpoint(p).manifest
+        manifest = rundir.inspect_checkpoint(p).manifest
     except rundir.InvalidCheckpoint as e:
         raise CheckpointError(e.reason) from e
-    sharded = members.sharded
+    on_cpu = map_location in (None, "cpu", torch.device("cpu"))
     live: dict[str, Any] = {}
-    if sharded:  # a DCP set: load it in this one process (resharded to full tensors)
+    if manifest.sharded:  # a DCP set: load it in this one process (resharded to full tensors)
         info, _ = ckpt.read_checkpoint(p, names=[])
         if model is not None and (optimizer is not None or strict):
             sharded_module().load(info.path, model, optimizer)
@@ -87,10 +87,10 @@ def load(path_or_run_dir: os.PathLike | str, model: Any = None, *, optimizer: An
     else:
         # As a restore does: members whose structure is the live state's are copied straight into
         # it (checkpoint.load_file), one copy instead of torch.load's and load_state_dict's.
-        live = _live_states(model, optimizer, members.files) if map_location in (None, "cpu", torch.device("cpu")) else {}
+        live = _live_states(model, optimizer, manifest.files) if on_cpu else {}
         info, files = ckpt.read_checkpoint(p, model_only=optimizer is None, into=live)
         sd = files[ckpt.MODEL_FILE]
-    if map_location not in (None, "cpu", torch.device("cpu")):
+    if not on_cpu:
         sd = {k: v.to(map_location) if isinstance(v, torch.Tensor) else v for k, v in sd.items()}
     missing: list[str] = []
     unexpected: list[str] = []
