@@ -211,9 +211,9 @@ def load_file(ckpt_dir: Path, fname: str, into: Any = None, mapped: bool = False
     A split member (memory snapshot format: `<fname>.tensors` + `<fname>.table`) has its tensors
     verified and copied straight into the tensors at the same places in `into` (a live state
     dict); a `mapped` plain member (mapped_load.wanted) is mapped and copied into `into` when its
-    structure is `into`'s (its digest must have been checked already). When that filled every one of them and nothing
-    else differs, `into` itself is returned (the state is already applied), else the state with
-    fresh tensors where needed.
+    structure is `into`'s (its digest must have been checked already). When that filled every one
+    of them and nothing else differs, `into` itself is returned (the state is already applied),
+    else the state with fresh tensors where needed.
     """
     path = Path(ckpt_dir) / fname
     tpath = path.with_name(fname + rundir.TENSORS_SUFFIX)
@@ -312,11 +312,11 @@ def read_checkpoint(ckpt_dir: Path, *, root: Optional[Path] = None, model_only: 
         else:
             # DCP members (sharded checkpoints) are read by sharded.load, not torch.load.
             names = [MODEL_FILE] if model_only else [f for f in files if f.endswith(".pt")]
-        mapped = {n for n in names if n in files and not _split(n, files)
+        mapped = {n for n in names if n in files and not is_split(n, files)
                   and mapped_load.wanted(info.path / n, (into or {}).get(n))}
         # Verified before they are read: what is copied into the live `into` tensors (the copy
         # cannot be undone). The rest is hashed while torch.load reads it.
-        split = {p for n in names if _split(n, files) for p in (n, n + rundir.TABLE_SUFFIX)}
+        split = {p for n in names if is_split(n, files) for p in (n, n + rundir.TABLE_SUFFIX)}
         first = (split | mapped) if verify else set()
         rundir.verify_members(info, sorted(first))
     except rundir.InvalidCheckpoint as e:
@@ -330,7 +330,7 @@ def read_checkpoint(ckpt_dir: Path, *, root: Optional[Path] = None, model_only: 
     return info, out
 
 
-def _split(fname: str, files: dict[str, FileEntry]) -> bool:
+def is_split(fname: str, files: dict[str, FileEntry]) -> bool:
     """A memory-snapshot member: its tensors are copied into live state as they are read."""
     return fname + rundir.TENSORS_SUFFIX in files and fname + rundir.TABLE_SUFFIX in files
 

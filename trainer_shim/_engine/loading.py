@@ -41,7 +41,7 @@ def _live_states(model: Any, optimizer: Any, files: dict[str, Any]) -> dict[str,
     fall back to an older checkpoint then, a caller of load() would be left with that model."""
     live = {}
     for name, obj in ((ckpt.MODEL_FILE, model), (ckpt.OPTIMIZER_FILE, optimizer)):
-        if obj is not None and name + rundir.TENSORS_SUFFIX not in files:
+        if obj is not None and not ckpt.is_split(name, files):
             live[name] = obj.state_dict()
     return live
 
