@@ -135,6 +135,7 @@ class Trained(Protocol):
     checkpoint_step: Optional[int]
     git_commit: Optional[str]
     git_dirty: Optional[bool]
+    git_probe: Any   # provenance.attach's pending git answer, None once settled
 
     @property
     def search_dirs(self) -> list[Path]: ...

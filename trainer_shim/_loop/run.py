@@ -85,6 +85,7 @@ class Run:
                     shutil.rmtree(t, ignore_errors=True)
         self.engine.group.barrier("startup barrier")  # rank 0 has cleaned up before anyone saves
         restoring.restore(self, self.engine.fast.before_restore() if self.engine.fast is not None else None)
+        provenance.settle(self)   # every later manifest records it (a fresh start had no resume check)
         self._mark.set(self.global_step)
         # Second "starting" beat: the supervisor learns what was actually restored (after any fallback).
         self.engine.hb.write_now(step=self.global_step, epoch=self.epoch, loss=self.loss,

@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -23,7 +24,7 @@ from .._process.messages import say
 from .._process.hooks import write_error_record
 from ..rundir import EXIT_REFUSED, RESUME_REFUSED_ERROR_TYPE, Event, RunEnv
 
-__all__ = ["script_path", "git_info", "args_hash", "differences", "check_resume", "strict_from_env", "attach"]
+__all__ = ["script_path", "git_info", "args_hash", "differences", "check_resume", "strict_from_env", "attach", "settle"]
 
 
 def script_path() -> Optional[Path]:
@@ -100,15 +101,43 @@ def _describe(diff: dict) -> str:
     return ", ".join(parts)
 
 
+class _GitProbe:
+    """git_info of a directory, asked in a background thread: two `git` runs (`status` of a big
+    repository can take seconds) need not delay the restore that runs meanwhile."""
+
+    def __init__(self, directory: Optional[Path]) -> None:
+        self._answer: tuple[Optional[str], Optional[bool]] = (None, None)
+        self._thread = threading.Thread(target=self._ask, args=(directory,), daemon=True, name="trainer_shim-git")
+        self._thread.start()
+
+    def _ask(self, directory: Optional[Path]) -> None:
+        self._answer = git_info(directory)
+
+    def answer(self) -> tuple[Optional[str], Optional[bool]]:
+        self._thread.join()
+        return self._answer
+
+
 def attach(run: Any, script: Optional[Path], strict_resume: bool) -> None:
-    """Give `run` what its checkpoints record of where they came from, and the resume rule."""
-    run.git_commit, run.git_dirty = git_info(script.parent if script else None)
+    """Give `run` what its checkpoints record of where they came from, and the resume rule. The git
+    fields arrive in the background: `settle` (before the resume check and before training) waits."""
+    run.git_commit = run.git_dirty = None
+    run.git_probe = _GitProbe(script.parent if script else None) if script else None
     run.args_hash, run.strict_resume = args_hash(), bool(strict_resume) or strict_from_env(run.env)
-    run.engine.provenance = {"git_commit": run.git_commit, "git_dirty": run.git_dirty, "args_hash": run.args_hash}
+    run.engine.provenance = {"git_commit": None, "git_dirty": None, "args_hash": run.args_hash}
+
+
+def settle(run: Any) -> None:
+    """Wait for attach's git answer and record it (once; later calls return at once)."""
+    probe, run.git_probe = run.git_probe, None
+    if probe is not None:
+        run.git_commit, run.git_dirty = probe.answer()
+        run.engine.provenance.update(git_commit=run.git_commit, git_dirty=run.git_dirty)
 
 
 def check_resume(run: Any, path: Path, manifest: Any, strict: bool) -> None:
     """Warn (or refuse, exit 2) when the resumed checkpoint's provenance differs from this process's."""
+    settle(run)
     diff = differences(manifest, git_commit=run.git_commit, git_dirty=run.git_dirty, args=run.args_hash)
     if not diff:
         return
