@@ -1,6 +1,6 @@
 """Restore as a user meets it: a fresh process on both sides (not a test).
 
-    .venv/bin/python bench/bench_restore.py [--mb 384] [--rounds 5]
+    [RESILIENT_SHM_DIR=DIR] .venv/bin/python bench/bench_restore.py [--mb 384] [--rounds 5]
 
 A kill -9 leaves a memory snapshot slot of a model + Adam state of --mb MiB. Each round starts
 two fresh processes that import torch and the shim, build the model and an optimizer without
@@ -13,7 +13,8 @@ state (as after a restart), then time only the restore:
 - bare: `torch.load` of the same state from a page-cached file (read just before) +
   `model.load_state_dict` + `optimizer.load_state_dict`, unverified.
 Beside them, what each child had imported: DCP (torch.distributed.checkpoint) has no business on a
-non-sharded restore. Goal: ours / bare <= 0.3. Sides alternate so machine load hits both; each
+non-sharded restore. RESILIENT_SHM_DIR: the slots on another tmpfs (e.g. one mounted with
+huge=within_size). Goal: ours / bare <= 0.3. Sides alternate so machine load hits both; each
 figure is the median of its rounds.
 """
 
@@ -129,8 +130,8 @@ def main() -> None:
             rundir.free_slots(rd)
     med = {mode: statistics.median(r["s"] for r in rs) for mode, rs in res.items()}
     assert all(r["ok"] for r in res["ours"] + res["warm"]), "a round did not restore from the memory slot"
-    print(f"state: {args.mb} MiB (model + Adam), {args.rounds} rounds, fresh processes; load average "
-          f"{os.getloadavg()[0]:.1f}")
+    print(f"state: {args.mb} MiB (model + Adam), {args.rounds} rounds, fresh processes; slots in "
+          f"{rundir.SHM_DIR}; load average {os.getloadavg()[0]:.1f}")
     print(f"{'memory-slot restore via init() / torch.load + load_state_dict':<80} {'ratio':>6}  goal")
     for mode, label in (("ours", "a fresh process, no supervisor"),
                         ("warm", "the supervisor's warm standby (landing memory faulted in)")):

@@ -7,6 +7,8 @@ import shutil
 from pathlib import Path
 from typing import Optional
 
+from trainer_shim.rundir import EnvError, check_shm_dir
+
 from .config import Config
 from .errors import ConfigError, RunDirError
 
@@ -62,4 +64,8 @@ def run_dir_of(cfg: Config, config_file: Optional[Path], tokens: list[str]) -> P
     check_run_dir(rdir, explicit=cfg.run_dir is not None)
     if cfg.working_dir and not os.path.isdir(cfg.working_dir):
         raise ConfigError(f"working_dir {cfg.working_dir} is not a directory")
+    try:
+        check_shm_dir(os.environ)   # its trainers inherit it: refuse it before anything starts
+    except EnvError as e:
+        raise ConfigError(str(e)) from e
     return rdir

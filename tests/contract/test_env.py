@@ -12,7 +12,7 @@ from tests.conftest import REPO, child_env
 from trainer_shim._policies import provenance
 from trainer_shim.rundir import (
     ENV_ALLOW_RESHARD, ENV_ATTEMPT, ENV_DOCTOR, ENV_DOCTOR_FAULTS, ENV_DOCTOR_STEPS, ENV_LAST_FAILURE, ENV_NAMES,
-    ENV_NODE, ENV_RESUME_FROM, ENV_RUN_DIR, ENV_STRICT_RESUME, ENV_CALLBACK, FAULT_KILL, FAULT_RAISE, RESUME_NONE, EnvError, RunEnv,
+    ENV_NODE, ENV_RESUME_FROM, ENV_RUN_DIR, ENV_SHM_DIR, ENV_STRICT_RESUME, ENV_CALLBACK, FAULT_KILL, FAULT_RAISE, RESUME_NONE, EnvError, RunEnv,
 )
 from trainer_shim.rundir import env as env_module
 
@@ -86,6 +86,13 @@ def test_the_shim_refuses_a_bad_allow_reshard_in_one_line(tmp_path) -> None:
     assert p.returncode != 0 and f"{ENV_ALLOW_RESHARD}='maybe' is not valid" in p.stderr, p.stderr[-2000:]
 
 
+def test_the_shim_alone_refuses_a_resilient_shm_dir_that_is_no_directory(tmp_path) -> None:
+    p = subprocess.run([sys.executable, "-c", _SHOW_RESHARD, str(tmp_path / "run")], cwd=REPO, capture_output=True,
+                       text=True, timeout=120, env=child_env(**{ENV_SHM_DIR: str(tmp_path / "nowhere")}))
+    assert p.returncode != 0 and f"{ENV_SHM_DIR}='{tmp_path / 'nowhere'}' is not valid" in p.stderr, p.stderr[-2000:]
+    assert not (tmp_path / "run").exists()
+
+
 def test_env_declares_every_resilient_name_the_product_mentions() -> None:
     # Code, docstrings and the README: a RESILIENT_* name anywhere is one of env.py's.
     sources = [*(REPO / "supervisor").rglob("*.py"), *(REPO / "trainer_shim").rglob("*.py"), REPO / "README.md"]
@@ -95,8 +102,13 @@ def test_env_declares_every_resilient_name_the_product_mentions() -> None:
     assert declared == set(ENV_NAMES) and len(ENV_NAMES) == len(set(ENV_NAMES))
 
 
+# Set by the user for the supervisor and its trainers alike, not by the supervisor: read once by
+# rundir.snapshots (the slot directory), not a RunEnv field.
+USER_SET = {ENV_SHM_DIR}
+
+
 def test_runenv_parses_every_name() -> None:
-    assert set(VALID) == set(ENV_NAMES)
+    assert set(VALID) | USER_SET == set(ENV_NAMES)
     for name, (value, fields) in VALID.items():
         assert RunEnv.from_environ({name: value}) == RunEnv(**fields), name
 
@@ -124,3 +136,18 @@ def test_launcher_env_reads_torchrun_and_falls_back_to_one_process() -> None:
     got = env_module.LauncherEnv.from_environ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"})
     assert (got.rank, got.world_size, got.local_world_size) == (1, 2, 2)
     assert env_module.LauncherEnv.from_environ({"WORLD_SIZE": "", "RANK": "x"}) == env_module.LauncherEnv()
+
+
+def test_shm_dir_defaults_to_dev_shm_and_a_bad_one_is_a_one_line_refusal(tmp_path) -> None:
+    from trainer_shim.rundir import check_shm_dir
+    from trainer_shim.rundir.env import shm_dir
+
+    assert str(shm_dir({})) == str(shm_dir({ENV_SHM_DIR: " "})) == "/dev/shm"
+    assert str(shm_dir({ENV_SHM_DIR: "/mnt/slots "})) == "/mnt/slots"
+    check_shm_dir({})                          # the default is not judged
+    check_shm_dir({ENV_SHM_DIR: "/dev/shm"})   # a tmpfs
+    for bad in ("relative/dir", str(tmp_path / "missing")):
+        with pytest.raises(EnvError, match=f"^{ENV_SHM_DIR}=.* is not valid; use a writable directory on a tmpfs"):
+            check_shm_dir({ENV_SHM_DIR: bad})
+    with pytest.raises(EnvError, match=r"it is on \w+, so every memory snapshot would go to the disk"):
+        check_shm_dir({ENV_SHM_DIR: str(REPO)})   # the checkout's own filesystem: a disk

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import mounted_tmpfs
 from tests.save_modes import MODES, PLAIN, shm_segments
 from tests.shim.helpers import run_toy, shim_lines
-from tests.support import ended_kinds, events, first_steps, kill_group, start_cli, sup_env
+from tests.support import ended_kinds, events, first_steps, kill_group, run_cli, start_cli, sup_env
 from trainer_shim import rundir
 
 from .common import TOY, assert_bit_exact, assert_no_survivors, reference, run_under_killer, verify_cli
@@ -23,12 +24,13 @@ SUP = ("--backoff", "0", "--heartbeat-timeout", "30", "--grace-period", "2")
 SMALL = ("--epochs", "2", "--save-every", "100")
 
 
-def _supervised(tmp_path: Path, faults: str) -> tuple[Path, Path, Path]:
+def _supervised(tmp_path: Path, faults: str, **env: str) -> tuple[Path, Path, Path]:
     """The toy under the supervisor with a snapshot every step and `faults`; it must end in success.
     Returns (run dir, final weights, the uninterrupted run's weights)."""
     ref = reference(tmp_path, *SMALL)
     run_dir, out = tmp_path / "run", tmp_path / "weights.pt"
-    p = start_cli("--run-dir", str(run_dir), *SUP, TOY, *SMALL, "--out", str(out), env=sup_env(**MEM, TOY_FAULTS=faults))
+    p = start_cli("--run-dir", str(run_dir), *SUP, TOY, *SMALL, "--out", str(out),
+                  env=sup_env(**MEM, TOY_FAULTS=faults, **env))
     try:
         rc = p.wait(180)
     finally:
@@ -70,6 +72,29 @@ def test_kill9_while_the_snapshot_is_still_hashed_resumes_from_the_previous_one(
     assert first_steps(run_dir) == {1: 1, 2: 12}
     assert_bit_exact(out, ref)
     assert not shm_segments(run_dir)
+
+
+def test_slots_on_a_huge_page_tmpfs_named_by_resilient_shm_dir_resume_exact(tmp_path: Path) -> None:
+    """RESILIENT_SHM_DIR puts the slots on the user's own tmpfs (here one with huge pages): the
+    kill -9 resumes from memory there, bit-exact, and /dev/shm never holds a slot of the run."""
+    with mounted_tmpfs(tmp_path / "slots", "size=256m,mode=0700,huge=within_size") as slots:
+        run_dir, out, ref = _supervised(tmp_path, "1:kill_settled@9", RESILIENT_SHM_DIR=str(slots))
+        assert ended_kinds(run_dir) == ["signal", "success"]
+        assert first_steps(run_dir) == {1: 1, 2: 10}
+        assert_bit_exact(out, ref)
+        log = (run_dir / "logs" / "attempt-0002.log").read_text()
+        assert f"resumed from {slots / rundir.slot_prefix(run_dir.resolve(), None)}" in log, log[-2000:]
+        assert not list(slots.iterdir()), "the supervisor left its slots behind"
+    assert not shm_segments(run_dir)
+
+
+def test_a_resilient_shm_dir_on_a_disk_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    p = run_cli("--run-dir", str(run_dir), TOY, *SMALL, env=sup_env(RESILIENT_SHM_DIR=str(tmp_path)))
+    assert p.returncode == rundir.EXIT_USAGE, p.stderr[-2000:]
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and "RESILIENT_SHM_DIR=" in lines[0] and "mount -t tmpfs" in lines[0], p.stderr
+    assert not run_dir.exists()
 
 
 def _killed_standalone(run_dir: Path) -> tuple[list[Path], int]:

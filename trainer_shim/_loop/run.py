@@ -45,6 +45,7 @@ class Run:
         script = script_path()
         try:  # the product env, parsed once; a bad value is a one-line configuration error
             env = rundir.RunEnv.from_environ(os.environ)
+            rundir.check_shm_dir(os.environ)
             root = o.run_dir or env.run_dir or Path("runs") / (script.stem if script else "interactive")
             root, self.env = resume_prompt.resolve(str(o.resume), Path(root).absolute(), env, say=say)
             self.rd = rundir.ensure_run_dir(Path(root).absolute(), env.node)

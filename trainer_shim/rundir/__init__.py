@@ -68,8 +68,8 @@ from .clock import iso_at, now_iso, process_start_ticks, process_start_time, sta
 from .doctor import FAULT_KILL, FAULT_RAISE, MARK_BATCH, MARK_EPOCH, MARK_STEP, parse_faults
 from .env import (
     ENV_ALLOW_RESHARD, ENV_ATTEMPT, ENV_DOCTOR, ENV_DOCTOR_FAULTS, ENV_DOCTOR_STEPS, ENV_LAST_FAILURE, ENV_NAMES,
-    ENV_NODE, ENV_RESUME_FROM, ENV_RUN_DIR, ENV_STRICT_RESUME, ENV_CALLBACK, RESUME_NONE, RunEnv, LauncherEnv,
-    parse_bool,
+    ENV_NODE, ENV_RESUME_FROM, ENV_RUN_DIR, ENV_SHM_DIR, ENV_STRICT_RESUME, ENV_CALLBACK, RESUME_NONE, RunEnv,
+    LauncherEnv, parse_bool,
 )
 from .errors import ContractError, EnvError, InvalidCheckpoint, ShimError
 from .events import (
@@ -101,8 +101,8 @@ from .records import (
 from .pending import DOWNLOAD_RECORD, announce_download, download_pending, settle_download, wait_for_download
 from .selection import choose, iter_checkpoint_dirs, newest_valid, repoint_latest
 from .snapshots import (
-    SHM_DIR, SNAPSHOT_PREFIX, SNAPSHOT_SLOTS, TABLE_SUFFIX, TENSOR_REF, TENSORS_SUFFIX, slot_prefix, snapshot_slot_paths,
-    snapshot_slot_ranks,
+    SHM_DIR, SNAPSHOT_PREFIX, SNAPSHOT_SLOTS, TABLE_SUFFIX, TENSOR_REF, TENSORS_SUFFIX, check_shm_dir, slot_prefix,
+    snapshot_slot_paths, snapshot_slot_ranks,
     untrusted_slot_reason,
     complete_slots, free_slots, newest_complete, persist_newest, persist_slot, remove_slot,
 )
@@ -117,8 +117,8 @@ __all__ = [
     "ShimError", "ContractError", "InvalidCheckpoint", "EnvError",
     # environment
     "ENV_RUN_DIR", "ENV_ATTEMPT", "ENV_RESUME_FROM", "ENV_LAST_FAILURE", "ENV_ALLOW_RESHARD", "ENV_NODE",
-    "ENV_STRICT_RESUME", "ENV_DOCTOR", "ENV_DOCTOR_FAULTS", "ENV_DOCTOR_STEPS", "ENV_CALLBACK", "ENV_NAMES",
-    "RESUME_NONE", "RunEnv", "LauncherEnv", "parse_bool",
+    "ENV_STRICT_RESUME", "ENV_DOCTOR", "ENV_DOCTOR_FAULTS", "ENV_DOCTOR_STEPS", "ENV_CALLBACK", "ENV_SHM_DIR",
+    "ENV_NAMES", "RESUME_NONE", "RunEnv", "LauncherEnv", "parse_bool",
     # exit codes
     "EXIT_OK", "EXIT_CRASH", "EXIT_REFUSED", "EXIT_DIVERGED", "EXIT_PREEMPTED", "EXIT_GAVE_UP", "EXIT_USAGE",
     "EXIT_LOCKED", "EXIT_STOPPED", "EXIT_SUPERVISOR_GONE", "EXIT_EXACT", "EXIT_NOT_EXACT", "EXIT_DOCTOR_FAILED",
@@ -148,7 +148,7 @@ __all__ = [
     "record_extra_root", "LIGHTNING_CKPT", "ATTACH_DIR", "CALLBACK_OPTIONS", "parse_callback_options",
     # memory snapshot slots
     "SHM_DIR", "SNAPSHOT_PREFIX", "SNAPSHOT_SLOTS", "TABLE_SUFFIX", "TENSORS_SUFFIX", "TENSOR_REF",
-    "snapshot_slot_paths", "slot_prefix",
+    "check_shm_dir", "snapshot_slot_paths", "slot_prefix",
     "snapshot_slot_ranks",
     "untrusted_slot_reason",
     "complete_slots", "newest_complete", "persist_slot", "persist_newest", "free_slots", "remove_slot",

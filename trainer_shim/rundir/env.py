@@ -1,7 +1,7 @@
 """Every RESILIENT_* environment variable, and RunEnv: the product environment, parsed once.
 
-The supervisor sets these for the trainer (and `resilient-run doctor` for its runs); nothing else
-reads `os.environ` for them, so a value means the same thing everywhere (a bare `!= "0"` test once
+The supervisor sets these for the trainer (and `resilient-run doctor` for its runs), except
+RESILIENT_SHM_DIR, which the user sets for both (`shm_dir`); nothing else reads `os.environ` for them, so a value means the same thing everywhere (a bare `!= "0"` test once
 turned `false` into *on*). Booleans follow one rule (`parse_bool`); a bad value is a one-line
 EnvError naming the variable. Test-only knobs are not product settings and use the `RRTEST_`
 prefix, never `RESILIENT_`.
@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Optional
 
 from .doctor import parse_faults
@@ -21,7 +22,7 @@ from .frameworks import parse_callback_options
 __all__ = [
     "ENV_RUN_DIR", "ENV_ATTEMPT", "ENV_RESUME_FROM", "ENV_LAST_FAILURE", "ENV_ALLOW_RESHARD", "ENV_NODE",
     "ENV_STRICT_RESUME", "ENV_DOCTOR", "ENV_DOCTOR_FAULTS", "ENV_DOCTOR_STEPS", "ENV_CALLBACK", "ENV_NAMES",
-    "RESUME_NONE", "RunEnv", "parse_bool", "LauncherEnv",
+    "ENV_SHM_DIR", "DEFAULT_SHM_DIR", "shm_dir", "RESUME_NONE", "RunEnv", "parse_bool", "LauncherEnv",
 ]
 
 ENV_RUN_DIR = "RESILIENT_RUN_DIR"
@@ -46,9 +47,14 @@ ENV_DOCTOR_STEPS = "RESILIENT_DOCTOR_STEPS"
 # Auto-attach: the options of the callback the job's Trainer is given (a JSON object, the config's
 # `callback:` mapping; keys in frameworks.CALLBACK_OPTIONS).
 ENV_CALLBACK = "RESILIENT_CALLBACK"
+# Where memory snapshot slots live (a tmpfs; default /dev/shm). Set by the user, not the supervisor:
+# the supervisor and its trainers inherit the same value. A tmpfs mounted with huge pages
+# (`-o huge=within_size`) restores a slot faster than /dev/shm's 4 KiB pages (README).
+ENV_SHM_DIR = "RESILIENT_SHM_DIR"
 
 ENV_NAMES = (ENV_RUN_DIR, ENV_ATTEMPT, ENV_RESUME_FROM, ENV_LAST_FAILURE, ENV_ALLOW_RESHARD, ENV_NODE,
-             ENV_STRICT_RESUME, ENV_DOCTOR, ENV_DOCTOR_FAULTS, ENV_DOCTOR_STEPS, ENV_CALLBACK)
+             ENV_STRICT_RESUME, ENV_DOCTOR, ENV_DOCTOR_FAULTS, ENV_DOCTOR_STEPS, ENV_CALLBACK, ENV_SHM_DIR)
+DEFAULT_SHM_DIR = "/dev/shm"
 
 RESUME_NONE = "none"                       # the supervisor found nothing valid: start fresh
 
@@ -67,6 +73,12 @@ def parse_bool(name: str, value: Optional[str]) -> Optional[bool]:
     if word in _FALSE:
         return False
     raise EnvError(name, value, _BOOL_WORDS)
+
+
+def shm_dir(environ: Mapping[str, str]) -> Path:
+    """The slot directory RESILIENT_SHM_DIR names (as given: snapshots.check_shm_dir judges it), else /dev/shm."""
+    value = (environ.get(ENV_SHM_DIR) or "").strip()
+    return Path(value or DEFAULT_SHM_DIR)
 
 
 def _parse_int(name: str, value: Optional[str], *, minimum: int) -> Optional[int]:

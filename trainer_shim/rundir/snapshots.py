@@ -23,7 +23,7 @@ import dataclasses
 import os
 import shutil
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Optional
 
@@ -31,19 +31,55 @@ import xxhash
 
 from .atomic import atomic_write_json
 from .commit import commit_dir, copy_verified, fresh_tmp_dir, tmp_dir
-from .errors import InvalidCheckpoint
+from .env import DEFAULT_SHM_DIR, ENV_SHM_DIR, shm_dir
+from .errors import EnvError, InvalidCheckpoint
 from .index import checkpoint_roots, index_entry, read_index
 from .layout import RunDir, checkpoint_name
 from .manifest import MANIFEST_NAME, CheckpointInfo, FileEntry, Manifest, inspect_checkpoint, safe_member
 from .selection import newest_valid
 
-SHM_DIR = Path("/dev/shm")
+# Read once at import: the supervisor and its trainers inherit the same environment.
+SHM_DIR = shm_dir(os.environ)
+_MEMORY_FS = frozenset({"tmpfs", "ramfs"})   # what keeps a slot in RAM (hugetlbfs cannot be written)
 SNAPSHOT_PREFIX = "resilient-run-"
 SNAPSHOT_SLOTS = 2                 # at most two snapshot slots per run dir (node)
 TENSORS_SUFFIX = ".tensors"        # the member holding the raw tensor bytes of `<member>`
 TABLE_SUFFIX = ".table"            # the member describing them (trainer_shim._engine.raw_tensors)
 TENSOR_REF = "\x00rr-tensor:"      # skeleton leaf standing for tensors[i] (NUL: never user text)
 OWNER_NAME = "owner.json"          # `<prefix>[r<R>-]owner.json`: the rank process holding those slots (slot_memory)
+
+
+def check_shm_dir(environ: Mapping[str, str]) -> None:
+    """EnvError (one line, names the fix) when RESILIENT_SHM_DIR names no writable directory in RAM:
+    a slot on a disk filesystem would be written back to the disk every step. Unset: /dev/shm, unchecked."""
+    path = shm_dir(environ)
+    if path == Path(DEFAULT_SHM_DIR):
+        return
+    value = str(path)
+    fix = "a writable directory on a tmpfs (e.g. mount -t tmpfs -o huge=within_size tmpfs DIR), or unset it for /dev/shm"
+    if not path.is_absolute() or not path.is_dir() or not os.access(path, os.W_OK | os.X_OK):
+        raise EnvError(ENV_SHM_DIR, value, fix)
+    fs = _fs_type(path)
+    if fs is not None and fs not in _MEMORY_FS:
+        raise EnvError(ENV_SHM_DIR, value, f"{fix} (it is on {fs}, so every memory snapshot would go to the disk)")
+
+
+def _fs_type(path: Path) -> Optional[str]:
+    """The filesystem type of the mount holding `path` (the longest mount point above it), or None."""
+    real, best = str(path.resolve()), ("", None)
+    try:
+        with open("/proc/self/mounts", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) < 3:
+                    continue
+                mnt = parts[1].replace("\\040", " ")
+                inside = real == mnt or real.startswith(mnt.rstrip("/") + "/")
+                if inside and len(mnt) >= len(best[0]):
+                    best = (mnt, parts[2])
+    except OSError:
+        return None
+    return best[1]
 
 
 def slot_prefix(run_root: Path, node: Optional[int]) -> str:
