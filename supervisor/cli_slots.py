@@ -1,4 +1,4 @@
-"""The `slots` command: the memory snapshot slots in /dev/shm, what they hold, and freeing them
+"""The `slots` command: the memory snapshot slots in /dev/shm (or RESILIENT_SHM_DIR), what they hold, and freeing them
 (registered on the main typer app by supervisor.cli; the rule is trainer_shim.rundir.slot_memory)."""
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def slots(
     free_stale_: bool = typer.Option(False, "--free-stale", help="Free every stale slot of this user (dead owner, no supervisor, run dir gone or 24 h idle)."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
-    """Show the memory snapshot slots in /dev/shm (bytes, steps, owner) and free them."""
+    """Show the memory snapshot slots in /dev/shm or RESILIENT_SHM_DIR (bytes, steps, owner) and free them."""
     if free and run_dir is None:
         raise ConfigError("--free needs a RUN_DIR; to free every stale slot use --free-stale")
     if discard and not free:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
-from trainer_shim.rundir import RunDir, RunState
+from trainer_shim.rundir import SHM_DIR, RunDir, RunState
 
 from .progress import format_progress
 from .status import CheckpointRow, StatusReport
@@ -128,7 +128,7 @@ def status_rows(rep: StatusReport) -> list[tuple[str, str]]:
 
 def describe_slots(m: dict, supervised: bool) -> str:
     """`770.0 MiB in 2 slots (owner pid 12 running)`, or how to take the memory back."""
-    head = f"{fmt_bytes(m.get('bytes'))} in {len(m.get('slots') or [])} slot(s) in /dev/shm"
+    head = f"{fmt_bytes(m.get('bytes'))} in {len(m.get('slots') or [])} slot(s) in {SHM_DIR}"
     if m.get("live_owner_pid") is not None:
         return f"{head} (owner pid {m['live_owner_pid']} running)"
     if supervised:

@@ -12,7 +12,8 @@ from tests.conftest import REPO, child_env
 from trainer_shim._policies import provenance
 from trainer_shim.rundir import (
     ENV_ALLOW_RESHARD, ENV_ATTEMPT, ENV_DOCTOR, ENV_DOCTOR_FAULTS, ENV_DOCTOR_STEPS, ENV_LAST_FAILURE, ENV_NAMES,
-    ENV_NODE, ENV_RESUME_FROM, ENV_RUN_DIR, ENV_SHM_DIR, ENV_STRICT_RESUME, ENV_CALLBACK, FAULT_KILL, FAULT_RAISE, RESUME_NONE, EnvError, RunEnv,
+    ENV_NODE, ENV_RESUME_FROM, ENV_RUN_DIR, ENV_SHM_DIR, ENV_STRICT_RESUME, ENV_CALLBACK, FAULT_KILL, FAULT_RAISE,
+    RESUME_NONE, EnvError, RunEnv,
 )
 from trainer_shim.rundir import env as env_module
 

@@ -1,8 +1,9 @@
 """Every RESILIENT_* environment variable, and RunEnv: the product environment, parsed once.
 
 The supervisor sets these for the trainer (and `resilient-run doctor` for its runs), except
-RESILIENT_SHM_DIR, which the user sets for both (`shm_dir`); nothing else reads `os.environ` for them, so a value means the same thing everywhere (a bare `!= "0"` test once
-turned `false` into *on*). Booleans follow one rule (`parse_bool`); a bad value is a one-line
+RESILIENT_SHM_DIR, which the user sets for both (`shm_dir`); nothing else reads `os.environ` for
+them, so a value means the same thing everywhere (a bare `!= "0"` test once turned `false` into
+*on*). Booleans follow one rule (`parse_bool`); a bad value is a one-line
 EnvError naming the variable. Test-only knobs are not product settings and use the `RRTEST_`
 prefix, never `RESILIENT_`.
 """

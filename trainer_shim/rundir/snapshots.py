@@ -56,7 +56,8 @@ def check_shm_dir(environ: Mapping[str, str]) -> None:
     if path == Path(DEFAULT_SHM_DIR):
         return
     value = str(path)
-    fix = "a writable directory on a tmpfs (e.g. mount -t tmpfs -o huge=within_size tmpfs DIR), or unset it for /dev/shm"
+    fix = ("a writable directory on a tmpfs (e.g. mount -t tmpfs -o huge=within_size tmpfs DIR), "
+           "or unset it for /dev/shm")
     if not path.is_absolute() or not path.is_dir() or not os.access(path, os.W_OK | os.X_OK):
         raise EnvError(ENV_SHM_DIR, value, fix)
     fs = _fs_type(path)
