@@ -17,14 +17,15 @@ from tests.save_modes import MODES
 # Parametrized by save mode: the variants `make test` runs. Every other variant of these tests is long;
 # a new save-mode-parametrized test must be declared here (see test_every_save_mode_matrix_is_declared).
 SHORT_VARIANTS = {
-    "tests/faults/test_chaos_kill.py::test_chaos_sigkill_of_the_trainer_is_bit_exact": {"sync-1"},
+    # Every seed of the chaos campaign is long (~27 s each): make test's chaos is the async+memory one.
+    "tests/faults/test_chaos_kill.py::test_chaos_sigkill_of_the_trainer_is_bit_exact": set(),
     "tests/faults/test_memory_snapshots.py::test_chaos_kill9_with_async_saves_and_memory_snapshots_is_bit_exact":
         {"async+memory-3"},
-    # The seven-kill chain (sync-0-3-kills0, ~27 s) is long: chaos sync-1, the kill-during-save
-    # variants and every front end's two-kill chain cover its moments in `make test`.
+    # The seven-kill chain (sync-0-3-kills0, ~27 s) is long: the async+memory chaos, the kill-during-
+    # save variants and every front end's two-kill chain cover its moments in `make test`.
     "tests/shim/test_resume_exact.py::test_sigkill_anywhere_resumes_bit_exact": {"sync-2-2-kills1"},
     "tests/shim/test_resume_exact.py::test_sigkill_during_save_resumes_bit_exact": {"sync-0", "async-0"},
-    "tests/distributed/test_ddp.py::test_fast_saves_of_every_rank_survive_sigkill_bit_exact": {"async", "memory"},
+    "tests/distributed/test_ddp.py::test_fast_saves_of_every_rank_survive_sigkill_bit_exact": {"memory"},
 }
 # Single long tests outside a long module (each used to skip unless an environment variable was set).
 LONG_TESTS = {
@@ -39,22 +40,38 @@ LONG_TESTS = {
     "tests/distributed/test_multinode.py::test_node_restarting_before_its_peer_rejoins_the_closed_rendezvous_without_spending_restarts",
     "tests/integrations/test_ranks.py::test_hf_trainer_two_ranks_kill9_of_rank_1_restarts_the_group_exact",
     "tests/deploy/test_slurm.py::test_multinode_script_on_one_node_stops_requeues_and_resumes_exact",
+    "tests/deploy/test_slurm.py::test_scontrol_requeue_stops_with_a_checkpoint_and_the_rerun_resumes_exact",
     "tests/supervisor/test_warm_restart.py::test_warm_restart_matches_cold_and_is_bit_exact",
 }
 LONG_MODULES = re.compile(r"^tests/.*(_long|/test_soak)\.py::")
 
 
-def _collect(marker_expr: str) -> set[str]:
-    p = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-                        "-m", marker_expr, "tests"], cwd=REPO, capture_output=True, text=True, timeout=240)
-    assert p.returncode in (0, 5), p.stdout[-3000:] + p.stderr[-3000:]  # 5: nothing selected
-    return {line.strip() for line in p.stdout.splitlines() if "::" in line}
+# One collection with `-m long`, as `make test-faults` selects: what it keeps is the long selection,
+# what its -m deselects is exactly `-m "not long"` (make test). Collecting the suite costs ~10 s.
+_COLLECT = """
+import sys, pytest
+class Report:
+    def pytest_deselected(self, items):
+        for item in items:
+            print("short " + item.nodeid)
+    def pytest_collection_finish(self, session):
+        for item in session.items:
+            print("long " + item.nodeid)
+sys.exit(pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", "-m", "long", "tests"], plugins=[Report()]))
+"""
 
 
 @pytest.fixture(scope="module")
 def selections() -> tuple[set[str], set[str]]:
-    """(ids of `-m long`, ids of `-m "not long"`), collected as the Makefile does."""
-    return _collect("long"), _collect("not long")
+    """(ids of `-m long`, ids of `-m "not long"`), selected as the Makefile does."""
+    p = subprocess.run([sys.executable, "-c", _COLLECT], cwd=REPO, capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    picked: dict[str, set[str]] = {"long": set(), "short": set()}
+    for line in p.stdout.splitlines():
+        kind, _, nodeid = line.partition(" ")
+        if kind in picked and "::" in nodeid:
+            picked[kind].add(nodeid.strip())
+    return picked["long"], picked["short"]
 
 
 def _split(nodeid: str) -> tuple[str, str]:
