@@ -72,6 +72,7 @@ def assert_preempt_checkpoint(rd: Path) -> None:
     assert newest == step(rd) > 0, (newest, heartbeat(rd))
 
 
+@pytest.mark.long   # ~24 s: make test-faults (the USR1 time-limit stop, requeue and resume runs in make test)
 def test_scontrol_requeue_stops_with_a_checkpoint_and_the_rerun_resumes_exact(slurm_jobs: Slurm, tmp_path: Path):
     job, rd, log = submit(slurm_jobs, tmp_path, train_args=(*TOY_ARGS, "--step-sleep", "0.05"))
     wait_until(lambda: step(rd) >= 5, 90, what="training under Slurm")
@@ -127,7 +128,7 @@ def test_multinode_command_for_four_nodes(slurm: Slurm, tmp_path: Path):
             "--run-dir", "/shared/runs/exp1", "--nproc-per-node", "8", "train.py", "--lr", "0.1"], t.stderr
 
 
-@pytest.mark.long   # ~23 s: make test-faults (the requeue and USR1 stop-and-resume run in make test)
+@pytest.mark.long   # ~23 s: make test-faults (the USR1 stop-and-resume runs in make test)
 def test_multinode_script_on_one_node_stops_requeues_and_resumes_exact(slurm_jobs: Slurm, tmp_path: Path):
     """--nodes=1 (torchrun --standalone under srun); USR1 to the batch shell, as the time limit
     sends it: the trap stops the supervisors through srun, and the script requeues the job."""

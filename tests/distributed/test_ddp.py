@@ -83,7 +83,9 @@ def test_sigkill_of_either_rank_over_attempts_is_bit_exact(reference: Path, tmp_
                 and str(out) in " ".join(q.info["cmdline"])]
 
 
-@pytest.mark.parametrize("save_mode", modes("async", "memory"), indirect=True)
+# make test: memory (their slots merged); async is long (test_hf_async kills a rank of two inside
+# its background write, the same commit path).
+@pytest.mark.parametrize("save_mode", modes("memory"), indirect=True)
 def test_fast_saves_of_every_rank_survive_sigkill_bit_exact(reference: Path, tmp_path: Path, save_mode: str):
     # rank 1 killed right after step 8 returned (async: while the writers commit step 8's save in
     # the background), rank 0 after step 13. Async: each rank copies its share and returns; the
