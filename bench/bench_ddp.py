@@ -38,6 +38,7 @@ from torch import nn  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import trainer_shim  # noqa: E402
 from trainer_shim._engine import checkpoint as ckpt  # noqa: E402
+from trainer_shim._process import distributed  # noqa: E402
 from trainer_shim.rundir import CheckpointKind  # noqa: E402
 
 
@@ -117,7 +118,7 @@ def main() -> None:
             if i:
                 times[name].append(t)
 
-    d = ddp._dist
+    d = ddp.engine.group
     for _ in range(100):
         d.agree(False, False)
     t = time.perf_counter()
@@ -129,12 +130,12 @@ def main() -> None:
     for _ in range(args.iters):
         ddp.step()
     with_ar = (time.perf_counter() - t) / args.iters
-    saved, ddp._dist = ddp._dist, None  # the same step() without the all-reduce (measurement only)
+    saved, ddp.engine.group = ddp.engine.group, distributed.Solo()  # the same step() without the all-reduce
     t = time.perf_counter()
     for _ in range(args.iters):
         ddp.step()
     without = (time.perf_counter() - t) / args.iters
-    ddp._dist = saved
+    ddp.engine.group = saved
 
     if rank == 0:
         med = {k: statistics.median(v) for k, v in times.items()}
