@@ -11,6 +11,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Optional
 
+from trainer_shim.rundir import mounts
+
 from ..errors import SupervisorError
 
 __all__ = ["MemoryCgroup", "CgroupError", "KernelLog"]
@@ -18,19 +20,6 @@ __all__ = ["MemoryCgroup", "CgroupError", "KernelLog"]
 
 class CgroupError(SupervisorError):
     """A memory cgroup for --memory-limit could not be created."""
-
-
-def _mounts() -> list[tuple[str, str, str]]:
-    out = []
-    try:
-        with open("/proc/self/mounts") as f:
-            for line in f:
-                parts = line.split()
-                if len(parts) >= 4:
-                    out.append((parts[1], parts[2], parts[3]))
-    except OSError:
-        pass
-    return out
 
 
 def _own_cgroups() -> dict[str, str]:
@@ -82,7 +71,7 @@ class MemoryCgroup:
 
     @classmethod
     def _create_v2(cls, name: str) -> Optional["MemoryCgroup"]:
-        root = next((m for m, t, _ in _mounts() if t == "cgroup2"), None)
+        root = next((m for m, t, _ in mounts() if t == "cgroup2"), None)
         own = _own_cgroups().get("")
         if root is None or own is None:
             return None
@@ -106,7 +95,7 @@ class MemoryCgroup:
 
     @classmethod
     def _create_v1(cls, name: str) -> Optional["MemoryCgroup"]:
-        root = next((m for m, t, o in _mounts() if t == "cgroup" and "memory" in o.split(",")), None)
+        root = next((m for m, t, o in mounts() if t == "cgroup" and "memory" in o.split(",")), None)
         if root is None:
             return None
         own = _own_cgroups().get("memory", "/")

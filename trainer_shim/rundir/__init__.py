@@ -30,7 +30,9 @@ One module per idea:
                auto-attach: the bootstrap dir, the callback options
     warm       warm restarts: the frameworks a trainer imported (for the next attempt's warm
                interpreter), the warm interpreter's ready file
-    snapshots  memory snapshot slots in /dev/shm: names, the owner/mode trust rule, find/persist/free
+    snapshots  memory snapshot slots in /dev/shm (or RESILIENT_SHM_DIR): names, the owner/mode trust
+               rule, find/persist/free
+    mounts     what is mounted where (/proc/self/mounts): cgroup hierarchies, whether a dir is in RAM
     slot_memory  who holds slot memory (owner records), what it weighs, the stale rule, freeing it
     doctor     doctor mode: digest-log record kinds, injected faults
 
@@ -98,6 +100,7 @@ from .records import (
     HEARTBEAT_FIELDS, ErrorRecord, HeartbeatRecord, Phase, RunState, StandbyMessage, SupervisorState, read_heartbeat,
     read_heartbeat_record,
 )
+from .mounts import fs_type, mounts
 from .pending import DOWNLOAD_RECORD, announce_download, download_pending, settle_download, wait_for_download
 from .selection import choose, iter_checkpoint_dirs, newest_valid, repoint_latest
 from .snapshots import (
@@ -153,6 +156,8 @@ __all__ = [
     "untrusted_slot_reason",
     "complete_slots", "newest_complete", "persist_slot", "persist_newest", "free_slots", "remove_slot",
     "STALE_AFTER_S", "SlotGroup", "lock_pid", "owner_path", "record_owner", "run_slots", "slot_groups", "stale_reason", "free_group", "free_stale",
+    # mounts
+    "mounts", "fs_type",
     # warm restarts
     "PRELOAD_FRAMEWORKS", "record_frameworks", "frameworks_of_child", "write_warm_ready", "read_warm_ready",
     # doctor mode

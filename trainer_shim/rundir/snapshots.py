@@ -36,6 +36,7 @@ from .errors import EnvError, InvalidCheckpoint
 from .index import checkpoint_roots, index_entry, read_index
 from .layout import RunDir, checkpoint_name
 from .manifest import MANIFEST_NAME, CheckpointInfo, FileEntry, Manifest, inspect_checkpoint, safe_member
+from .mounts import fs_type
 from .selection import newest_valid
 
 # Read once at import: the supervisor and its trainers inherit the same environment.
@@ -60,27 +61,9 @@ def check_shm_dir(environ: Mapping[str, str]) -> None:
            "or unset it for /dev/shm")
     if not path.is_absolute() or not path.is_dir() or not os.access(path, os.W_OK | os.X_OK):
         raise EnvError(ENV_SHM_DIR, value, fix)
-    fs = _fs_type(path)
+    fs = fs_type(path)
     if fs is not None and fs not in _MEMORY_FS:
         raise EnvError(ENV_SHM_DIR, value, f"{fix} (it is on {fs}, so every memory snapshot would go to the disk)")
-
-
-def _fs_type(path: Path) -> Optional[str]:
-    """The filesystem type of the mount holding `path` (the longest mount point above it), or None."""
-    real, best = str(path.resolve()), ("", None)
-    try:
-        with open("/proc/self/mounts", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                parts = line.split()
-                if len(parts) < 3:
-                    continue
-                mnt = parts[1].replace("\\040", " ")
-                inside = real == mnt or real.startswith(mnt.rstrip("/") + "/")
-                if inside and len(mnt) >= len(best[0]):
-                    best = (mnt, parts[2])
-    except OSError:
-        return None
-    return best[1]
 
 
 def slot_prefix(run_root: Path, node: Optional[int]) -> str:
