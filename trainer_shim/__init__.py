@@ -11,8 +11,9 @@ rooms named `_x` are internal: a script relies only on `__all__`:
     _loop/         the API a training loop calls: init() -> Run, its options, the resumed epoch iterator
                      cursor, options, resume_prompt, run
     _engine/       the checkpoint engine: the state it captures, commit, save, restore, retention
-                     async_save, checkpoint, data, engine, loading, memory_snapshot, raw_tensors,
-                     restoring, retention, rng, rotation, saving, sharded, slot_restore, snapshot_store
+                     async_save, checkpoint, data, engine, loading, memory_snapshot, raw_read,
+                     raw_tensors, restoring, retention, rng, rotation, saving, sharded, slot_restore,
+                     snapshot_store
     _process/      the process around the loop: heartbeats, signals, hooks, collectives
                      distributed, heartbeat, hooks, messages, signals
     _policies/     judgements on a running job: divergence, provenance, when to save

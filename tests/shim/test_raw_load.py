@@ -1,4 +1,4 @@
-"""raw_tensors.load in-process: bytes read straight into contiguous live tensors,
+"""raw_read in-process: bytes read straight into contiguous live tensors,
 strided live targets and saved strides honoured, nothing aliases the file, a bad digest names
 the tensor and says whether live bytes had changed, the two-reader split gives the same result."""
 
@@ -10,21 +10,21 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer_shim._engine import raw_tensors as raw
+from trainer_shim._engine import raw_read, raw_tensors as raw
 from trainer_shim import rundir
 from trainer_shim.errors import CheckpointError
 
 
-def _member(tmp_path: Path, tensors: list[torch.Tensor]) -> Path:
+def _member(tmp_path: Path, tensors: list[torch.Tensor], name: str = "m.pt") -> Path:
     """Write a split member the way a memory snapshot does (region, then its table)."""
     entries = raw.plan(tensors)
     assert entries is not None
-    path = tmp_path / ("m.pt" + rundir.TENSORS_SUFFIX)
+    path = tmp_path / (name + rundir.TENSORS_SUFFIX)
     mm = raw.create(path, entries)
     for e, t in zip(entries, tensors):
         raw.view(mm, e).copy_(t)
     table, _whole = raw.digests(mm, entries)
-    (tmp_path / ("m.pt" + rundir.TABLE_SUFFIX)).write_bytes(raw.table_bytes(table))
+    (tmp_path / (name + rundir.TABLE_SUFFIX)).write_bytes(raw.table_bytes(table))
     mm.close()
     return path
 
@@ -50,7 +50,7 @@ def test_bytes_go_straight_into_live_tensors_and_strided_ones_keep_their_layout(
     path = _member(tmp_path, src)
     live = [torch.zeros_like(t) for t in src]  # zeros_like keeps channels_last and the transposed stride
     ptrs, strides = [t.data_ptr() for t in live], [t.stride() for t in live]
-    got = raw.load(path, dict(enumerate(live)))
+    got = raw_read.load(path, dict(enumerate(live)))
     for i, (g, t, s) in enumerate(zip(got, live, src)):
         assert g is t and g.data_ptr() == ptrs[i] and g.stride() == strides[i], i
         assert torch.equal(g, s), i
@@ -59,7 +59,7 @@ def test_bytes_go_straight_into_live_tensors_and_strided_ones_keep_their_layout(
 def test_fresh_tensors_have_the_saved_stride_and_never_alias_the_file(tmp_path: Path) -> None:
     src = _states()
     path = _member(tmp_path, src)
-    got = raw.load(path)
+    got = raw_read.load(path)
     for i, (g, s) in enumerate(zip(got, src)):
         assert torch.equal(g, s) and g.dtype == s.dtype, i
         if s.numel():
@@ -77,16 +77,16 @@ def test_a_bad_digest_names_the_tensor_and_says_whether_live_bytes_changed(tmp_p
     _flip(path, entries[3].offset + 1)
     # No live target: nothing the user owns changed, a plain rejection.
     with pytest.raises(CheckpointError, match="tensor 3 digest mismatch") as ei:
-        raw.load(path)
-    assert not isinstance(ei.value, raw.LiveStateChanged)
+        raw_read.load(path)
+    assert not isinstance(ei.value, raw_read.LiveStateChanged)
     # A strided live target is staged and copied only after it verifies: still untouched.
     cl = torch.zeros_like(src[1])
     with pytest.raises(CheckpointError) as ei:
-        raw.load(path, {1: cl})
-    assert not isinstance(ei.value, raw.LiveStateChanged) and not cl.any()
+        raw_read.load(path, {1: cl})
+    assert not isinstance(ei.value, raw_read.LiveStateChanged) and not cl.any()
     # A contiguous live target is read into directly: the caller must know it changed.
-    with pytest.raises(raw.LiveStateChanged, match="tensor 3"):
-        raw.load(path, {0: torch.zeros_like(src[0])})
+    with pytest.raises(raw_read.LiveStateChanged, match="tensor 3"):
+        raw_read.load(path, {0: torch.zeros_like(src[0])})
 
 
 def test_two_readers_split_a_big_member_and_agree(tmp_path: Path) -> None:
@@ -94,8 +94,39 @@ def test_two_readers_split_a_big_member_and_agree(tmp_path: Path) -> None:
     src = [torch.randn(3 << 20, generator=g) for _ in range(3)] + [torch.randn(5, generator=g)]  # ~36 MiB
     path = _member(tmp_path, src)
     table = raw.read_table(tmp_path / ("m.pt" + rundir.TABLE_SUFFIX))
-    assert len(raw._workers(raw._destinations(table, {}))) == min(2, os.cpu_count() or 1)
+    assert raw_read._readers(raw.size_of(table)) == min(2, os.cpu_count() or 1)
     live = [torch.zeros_like(t) for t in src[:2]]
-    got = raw.load(path, {0: live[0], 1: live[1]})
+    got = raw_read.load(path, {0: live[0], 1: live[1]})
     assert got[0] is live[0] and got[1] is live[1]
     assert all(torch.equal(a, b) for a, b in zip(got, src))
+
+
+def test_members_read_in_one_pass_name_the_bad_one_and_report_live_bytes_of_any(tmp_path: Path) -> None:
+    """A restore reads model and optimizer together: a bad tensor in the second member still says
+    that the first one's live tensors changed, and what ran meanwhile on the caller's thread is returned."""
+    g = torch.Generator().manual_seed(2)
+    model = [torch.randn(2 << 20, generator=g), torch.randn(7, generator=g)]
+    opt = [torch.randn(3 << 20, generator=g), torch.randn(1 << 20, generator=g)]
+    mpath, opath = _member(tmp_path, model, "model.pt"), _member(tmp_path, opt, "optimizer.pt")
+    live = [torch.zeros_like(t) for t in model]
+    (got_model, got_opt), extra = raw_read.read([raw_read.prepare(mpath, dict(enumerate(live))),
+                                                 raw_read.prepare(opath)], lambda: "trainer state")
+    assert extra == "trainer state" and got_model[0] is live[0]
+    assert all(torch.equal(a, b) for a, b in zip(got_model + got_opt, model + opt))
+    table = raw.read_table(tmp_path / ("optimizer.pt" + rundir.TABLE_SUFFIX))
+    _flip(opath, table[1].offset + 5)
+    live = [torch.zeros_like(t) for t in model]
+    with pytest.raises(raw_read.LiveStateChanged, match="optimizer.pt.tensors: tensor 1 digest mismatch"):
+        raw_read.read([raw_read.prepare(mpath, dict(enumerate(live))), raw_read.prepare(opath)])
+    # Without live targets nothing the user owns changed; a failure on the caller's thread ends the
+    # read too (the readers joined, the files closed).
+    with pytest.raises(CheckpointError, match="tensor 1") as ei:
+        raw_read.read([raw_read.prepare(mpath), raw_read.prepare(opath)])
+    assert not isinstance(ei.value, raw_read.LiveStateChanged)
+    members = [raw_read.prepare(mpath), raw_read.prepare(opath)]
+
+    def fails() -> None:
+        raise CheckpointError("trainer.pt: refused")
+    with pytest.raises(CheckpointError, match="trainer.pt: refused"):
+        raw_read.read(members, fails)
+    assert all(m.fd == -1 for m in members)

@@ -11,6 +11,7 @@ Private: users rely only on what `trainer_shim` exports.
     loading          `load()`: verify and load a checkpoint outside a training run
     mapped_load      a plain member restored into the live tensors it belongs to: one copy, not two
     memory_snapshot  write a checkpoint into a /dev/shm slot with the stall of a memory copy
+    raw_read         split members read back: every tensor once, straight into place, verified there
     raw_tensors      the raw tensor layout of a split checkpoint member
     restoring        ONE restore loop for 1..N ranks, with fallback on rejection
     retention        index upkeep, rotation, background deletion

@@ -19,7 +19,7 @@ from typing import Any, Optional
 
 import torch
 
-from . import mapped_load, raw_tensors
+from . import mapped_load, raw_read, raw_tensors
 from ..rundir.writeback import Writeback
 from .. import rundir
 from ..errors import CheckpointError
@@ -216,8 +216,9 @@ def load_file(ckpt_dir: Path, fname: str, into: Any = None, mapped: bool = False
     else the state with fresh tensors where needed.
     """
     path = Path(ckpt_dir) / fname
-    tpath = path.with_name(fname + rundir.TENSORS_SUFFIX)
-    split = tpath.exists()
+    if path.with_name(fname + rundir.TENSORS_SUFFIX).exists():
+        split = _Split(path, into)
+        return split.finish(raw_read.read([split.member])[0][0])
     obj = None
     if mapped:
         try:
@@ -225,25 +226,37 @@ def load_file(ckpt_dir: Path, fname: str, into: Any = None, mapped: bool = False
         except Exception:  # a filesystem that cannot map it is no reason to reject the checkpoint
             mapped = False
     if obj is None:
-        try:
-            obj = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as e:  # weights_only refusals are UnpicklingError; corrupt zips RuntimeError
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-            raise CheckpointError(f"{fname}: torch.load(weights_only=True) refused it: {type(e).__name__}: {first}") from e
+        obj = _torch_load(path)
     if mapped:
         filled = mapped_load.fill(obj, into)
         if filled is None:   # structures differ: every tensor cloned off the mapping
             return map_leaves(obj, lambda v: v.clone() if isinstance(v, torch.Tensor) else v)
         same, live_for = filled
         return into if same else map_leaves(obj, lambda v: live_for[id(v)] if isinstance(v, torch.Tensor) else v)
-    if not split:
-        return obj
-    targets: dict[int, Any] = {}
-    same = raw_tensors.match(obj, into, targets)
-    tensors = raw_tensors.load(tpath, targets)
-    if into is not None and same and all(t is targets.get(i) for i, t in enumerate(tensors)):
-        return into
-    return fill_refs(obj, tensors)
+    return obj
+
+
+def _torch_load(path: Path) -> Any:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # weights_only refusals are UnpicklingError; corrupt zips RuntimeError
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise CheckpointError(f"{path.name}: torch.load(weights_only=True) refused it: {type(e).__name__}: {first}") from e
+
+
+class _Split:
+    """A split member about to be read: its skeleton, the live tensors its entries go to, its
+    open region (raw_read.prepare); `finish` turns the tensors read into the member's state."""
+
+    def __init__(self, path: Path, into: Any) -> None:
+        self.skeleton, self.into, self.targets = _torch_load(path), into, {}
+        self.same = raw_tensors.match(self.skeleton, into, self.targets)
+        self.member = raw_read.prepare(path.with_name(path.name + rundir.TENSORS_SUFFIX), self.targets)
+
+    def finish(self, tensors: list) -> Any:
+        if self.into is not None and self.same and all(t is self.targets.get(i) for i, t in enumerate(tensors)):
+            return self.into
+        return fill_refs(self.skeleton, tensors)
 
 
 def fill_refs(obj: Any, tensors: list) -> Any:
@@ -321,13 +334,31 @@ def read_checkpoint(ckpt_dir: Path, *, root: Optional[Path] = None, model_only: 
         rundir.verify_members(info, sorted(first))
     except rundir.InvalidCheckpoint as e:
         raise CheckpointError(e.reason) from e
-    with _BackgroundDigests(info, [n for n in raw_covered(files) if n not in first] if verify else []):
-        out = {}
-        for fname in names:
-            if fname not in files:
-                raise CheckpointError(f"{fname} is not in the manifest")
-            out[fname] = load_file(info.path, fname, (into or {}).get(fname), mapped=fname in mapped)
-    return info, out
+    missing = next((n for n in names if n not in files), None)
+    if missing is not None:
+        raise CheckpointError(f"{missing} is not in the manifest")
+    into = into or {}
+    splits: dict[str, _Split] = {}
+    try:
+        for n in names:  # skeletons first: then every split member's tensors are read in one pass
+            if is_split(n, files):
+                splits[n] = _Split(info.path / n, into.get(n))
+        with _BackgroundDigests(info, [n for n in raw_covered(files) if n not in first] if verify else []):
+            # The small plain members unpickle on this thread while the readers start on the tensors.
+            tensors, plain = raw_read.read([s.member for s in splits.values()], lambda: {
+                n: load_file(info.path, n, into.get(n), mapped=n in mapped) for n in names if n not in splits})
+    except raw_read.LiveStateChanged:
+        raise
+    except CheckpointError as e:
+        # A plain member refused after live tensors were filled: the caller must know they changed.
+        if any(s.member.touched for s in splits.values()):
+            raise raw_read.LiveStateChanged(str(e)) from e
+        raise
+    finally:
+        for s in splits.values():
+            s.member.close()
+    done = {n: s.finish(t) for (n, s), t in zip(splits.items(), tensors)}
+    return info, {n: done[n] if n in splits else plain[n] for n in names}
 
 
 def is_split(fname: str, files: dict[str, FileEntry]) -> bool:

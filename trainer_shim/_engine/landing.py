@@ -1,6 +1,6 @@
 """Memory a restore lands in, faulted in before it is needed.
 
-A fresh process restoring a memory snapshot has no optimizer state yet: raw_tensors reads it into
+A fresh process restoring a memory snapshot has no optimizer state yet: raw_read reads it into
 fresh anonymous memory, and faulting those pages in (the kernel zeroes each 4 KiB page at its
 first touch) cost three to four times the copy itself here: 0.10 s against 0.03 s for 256 MiB on
 two threads. The warm standby (trainer_shim._launch.warm) has nothing to do while it waits for its
@@ -71,7 +71,7 @@ def held() -> int:
 
 
 def take(n: int) -> Optional[mmap.mmap]:
-    """The held region for a fresh region of n bytes, when it fits (raw_tensors); else None."""
+    """The held region for a fresh region of n bytes, when it fits (raw_read); else None."""
     global _held, _landed
     region = _held
     if region is None or not n <= len(region) <= n + max(n >> 3, _SLACK):

@@ -30,7 +30,7 @@ _ZIP_MAGIC = b"PK\x03\x04"
 
 
 def _fillable(t: Any) -> bool:
-    """A live tensor a plain copy_ can fill (what raw_tensors fills too): CPU, strided, no autograd."""
+    """A live tensor a plain copy_ can fill (what raw_read fills too): CPU, strided, no autograd."""
     return (isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.layout == torch.strided
             and not t.requires_grad)
 

@@ -25,7 +25,7 @@ from .engine import Trained
 from .._process.messages import say
 from ..errors import CheckpointError, WorldSizeMismatch
 from .loading import sharded_module
-from .raw_tensors import LiveStateChanged
+from .raw_read import LiveStateChanged
 from ..rundir import EXIT_CRASH, EXIT_REFUSED, Event
 
 __all__ = ["restore", "reject", "apply", "Candidate", "MemorySource"]
@@ -128,7 +128,7 @@ def _try(run: Trained, path: Path) -> list[tuple[int, str]]:
 
 def _start_fresh(run: Trained, why: str) -> None:
     """Fresh start, unless a rejected checkpoint already wrote into the live model (see
-    raw_tensors): then this attempt cannot start from the user's own initial state; it ends, and
+    raw_read): then this attempt cannot start from the user's own initial state; it ends, and
     the next one (the bad slot's manifest gone) starts fresh for real."""
     # Every rank ends (a peer left starting fresh would wait for the ended one's collectives).
     if any(run.engine.group.all_gather(run.engine.live_state_changed, "live state check")):

@@ -44,7 +44,7 @@ class SlotRestore:
             if info.step < disk_step or (info.step == disk_step and not same):
                 return
             # Every digest is checked as it loads: the small members against the manifest, each
-            # tensor against its table as it is read into the live state (raw_tensors: a bad one
+            # tensor against its table as it is read into the live state (raw_read: a bad one
             # is overwritten by the fallback, or ends the attempt when none is left).
             self._offered = (info, disk if same else None)
             yield info.path
