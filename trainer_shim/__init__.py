@@ -12,8 +12,8 @@ rooms named `_x` are internal: a script relies only on `__all__`:
                      cursor, options, resume_prompt, run
     _engine/       the checkpoint engine: the state it captures, commit, save, restore, retention
                      async_save, checkpoint, data, engine, loading, memory_snapshot, raw_read,
-                     raw_tensors, restoring, retention, rng, rotation, saving, sharded, slot_restore,
-                     snapshot_store
+                     raw_tensors, restoring, retention, rng, rotation, saving, sharded, slot_maps,
+                     slot_restore, snapshot_store
     _process/      the process around the loop: heartbeats, signals, hooks, collectives
                      distributed, heartbeat, hooks, messages, signals
     _policies/     judgements on a running job: divergence, provenance, when to save

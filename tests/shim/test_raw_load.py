@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer_shim._engine import raw_read, raw_tensors as raw
+from trainer_shim._engine import raw_read, raw_tensors as raw, slot_maps
 from trainer_shim import rundir
 from trainer_shim.errors import CheckpointError
 
@@ -130,3 +130,30 @@ def test_members_read_in_one_pass_name_the_bad_one_and_report_live_bytes_of_any(
     with pytest.raises(CheckpointError, match="trainer.pt: refused"):
         raw_read.read(members, fails)
     assert all(m.fd == -1 for m in members)
+
+
+def test_a_held_mapping_of_the_slot_is_read_only_while_it_is_the_same_file(tmp_path: Path) -> None:
+    """The warm standby maps a slot's regions ahead (slot_maps.follow): the restore copies out of
+    the mapping while it is the very file it opened; a replaced file is read from itself, and a
+    removed one is no longer mapped (its memory not kept alive)."""
+    g = torch.Generator().manual_seed(3)
+    src = [torch.randn(1 << 20, generator=g), torch.randn(9, generator=g)]
+    path = _member(tmp_path, src, rundir.MODEL_FILE)
+    try:
+        assert slot_maps.follow([tmp_path]) == path.stat().st_size
+        before = slot_maps.read_through()
+        got = raw_read.load(path)
+        assert slot_maps.read_through() - before == sum(t.numel() * t.element_size() for t in src)
+        assert all(torch.equal(a, b) for a, b in zip(got, src))
+        # Replaced (a new inode of the same size, other values): never read through the old mapping.
+        path.unlink()
+        new = [t + 1 for t in src]
+        _member(tmp_path, new, rundir.MODEL_FILE)
+        got = raw_read.load(path)
+        assert slot_maps.read_through() - before == sum(t.numel() * t.element_size() for t in src)
+        assert all(torch.equal(a, b) for a, b in zip(got, new))
+        # Removed: unmapped at the next poll.
+        path.unlink()
+        assert slot_maps.follow([tmp_path]) == 0 and not slot_maps._maps
+    finally:
+        slot_maps.release()

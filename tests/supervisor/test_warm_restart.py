@@ -72,8 +72,9 @@ def test_a_crash_before_the_first_step_restarts_warm(tmp_path):
 
 def test_a_warm_restart_restores_its_memory_snapshot_into_memory_the_standby_faulted_in(tmp_path):
     """While it waits, the warm interpreter keeps the optimizer state's landing memory faulted in
-    (trainer_shim._engine.landing, sized from the run's complete memory snapshot slots): the restart's
-    restore from the slot reads into it instead of faulting fresh pages, and ends bit-exact."""
+    (trainer_shim._engine.landing, sized from the run's complete memory snapshot slots) and the slots'
+    regions mapped (slot_maps): the restart's restore copies out of that mapping into it instead of
+    reading page by page into fresh pages, and ends bit-exact."""
     # ~0.5 MiB of Adam state; no disk save before the kill: the supervisor persists the slot as it is
     args = ("--hidden", "256", "--save-every", "100")
     expected = reference(tmp_path, *args)
@@ -84,7 +85,8 @@ def test_a_warm_restart_restores_its_memory_snapshot_into_memory_the_standby_fau
     assert r.returncode == 0, r.stderr[-3000:]
     assert [e["warm"] for e in events(rd, "attempt_started")] == [False, True]
     log = RunDir(rd).attempt_log(2).read_text()
-    assert "resumed from memory step 20 (" in log and "MiB into memory the warm standby had faulted in)" in log, log
+    assert "resumed from memory step 20 (" in log and "MiB into memory the warm standby had faulted in, " in log, log
+    assert "MiB out of its mapping of the slot)" in log, log   # the slot's pages mapped ahead too (slot_maps)
     got = torch.load(out)
     assert all(torch.equal(got[k], expected[k]) for k in expected) and got.keys() == expected.keys()
     no_standby_left(str(out))

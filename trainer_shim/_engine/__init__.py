@@ -19,6 +19,7 @@ Private: users rely only on what `trainer_shim` exports.
     rotation         the pure retention policy: which checkpoints to delete
     saving           ONE commit protocol for 1..N ranks (decide -> write -> manifest -> rename)
     sharded          DCP (FSDP2/DTensor) model and optimizer state
+    slot_maps        the slots' tensor regions mapped and populated by the warm standby while it waits
     slot_restore     restoring from memory snapshot slots (FastSaver's part the restore loop calls)
     snapshot_hasher  memory snapshots taken at run.step() and completed by the hasher thread
     snapshot_store   memory snapshot slots without torch: find, persist, free

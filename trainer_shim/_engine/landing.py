@@ -26,6 +26,7 @@ from typing import Optional
 
 import psutil
 
+from . import slot_maps
 from .. import rundir
 
 ROOM_FACTOR = 4
@@ -54,12 +55,14 @@ def needed(slots: Sequence[Path]) -> int:
 
 
 def keep_ready(slots: Sequence[Path]) -> int:
-    """Hold a populated region of needed(slots) bytes (the standby, between polls); its size now."""
+    """Hold a populated region of needed(slots) bytes and populated mappings of the slots' regions
+    (slot_maps; the standby, between polls); the region's size now."""
     global _held
+    slot_maps.follow(slots)
     n = needed(slots)
     if _held is not None and len(_held) == n:
         return n
-    release()
+    _drop_region()
     if n == 0 or not _room_for(n):
         return 0
     _held = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | mmap.MAP_POPULATE)
@@ -86,6 +89,12 @@ def landed() -> int:
 
 
 def release() -> None:
+    """Drop the held region and the slots' mappings (the restore is over)."""
+    slot_maps.release()
+    _drop_region()
+
+
+def _drop_region() -> None:
     """Drop the held region (unmapped as soon as nothing refers to it)."""
     global _held
     region, _held = _held, None

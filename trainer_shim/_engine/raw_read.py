@@ -34,7 +34,7 @@ from typing import Any, Optional
 import torch
 import xxhash
 
-from . import landing
+from . import landing, slot_maps
 from .. import rundir
 from ..errors import CheckpointError
 from .raw_tensors import ALIGN, Entry, read_table, size_of
@@ -62,12 +62,14 @@ def _bytes_of(t: torch.Tensor) -> memoryview:
 
 
 class _Dest:
-    """Where entry i's bytes are read to (`buf`), and what becomes of them once verified."""
+    """Where entry i's bytes are read to (`buf`, at address `addr`), and what becomes of them once verified."""
 
-    def __init__(self, e: Entry, buf: memoryview, result: torch.Tensor, live: bool,
+    def __init__(self, e: Entry, over: torch.Tensor, result: torch.Tensor, live: bool,
                  staged: Optional[torch.Tensor] = None) -> None:
-        # staged: the tensor over `buf` that is copied into `result` after verification
-        self.e, self.buf, self.result, self.live, self.staged = e, buf, result, live, staged
+        # over: the contiguous tensor whose bytes are read into; staged: the one copied into
+        # `result` after verification
+        self.e, self.buf, self.addr = e, _bytes_of(over), over.data_ptr()
+        self.result, self.live, self.staged = result, live, staged
 
 
 def _fresh_region(n: int) -> Optional[mmap.mmap]:
@@ -104,23 +106,25 @@ def _destinations(entries: list[Entry], targets: dict[int, Any]) -> list[_Dest]:
     for i, e in enumerate(entries):
         t = targets.get(i)
         if i in direct:
-            out.append(_Dest(e, _bytes_of(t), t, live=True))
+            out.append(_Dest(e, t, t, live=True))
             continue
         tmp = _carve(mm, offs[i], e) if i in offs else torch.empty(e.shape, dtype=e.dtype)  # type: ignore[arg-type]
         if _fits(t, e):
-            out.append(_Dest(e, _bytes_of(tmp), t, live=False, staged=tmp))
+            out.append(_Dest(e, tmp, t, live=False, staged=tmp))
         elif _same_order(tmp, e):
-            out.append(_Dest(e, _bytes_of(tmp), tmp.as_strided(e.shape, e.stride), live=False))
+            out.append(_Dest(e, tmp, tmp.as_strided(e.shape, e.stride), live=False))
         else:  # e.g. channels_last optimizer state: materialised with the stride it was saved with
-            out.append(_Dest(e, _bytes_of(tmp), torch.empty_strided(e.shape, e.stride, dtype=e.dtype), False, tmp))
+            out.append(_Dest(e, tmp, torch.empty_strided(e.shape, e.stride, dtype=e.dtype), False, tmp))
     return out
 
 
 class Member:
-    """One split member ready to be read: its open region file and where each tensor goes."""
+    """One split member ready to be read: its open region file (and the warm standby's populated
+    mapping of it when one is held: slot_maps) and where each tensor goes."""
 
     def __init__(self, name: str, fd: int, dests: list[_Dest]) -> None:
         self.name, self.fd, self.dests = name, fd, dests
+        self.src = slot_maps.source(fd)
         self.bad: dict[int, str] = {}       # tensor index -> why it failed
         self.touched = False                # live bytes were written
 
@@ -147,17 +151,20 @@ def prepare(tensors_path: Path, targets: Optional[dict[int, Any]] = None) -> Mem
         raise
 
 
-def _read_verify(fd: int, d: _Dest, stop: threading.Event) -> Optional[str]:
-    """Read entry d's bytes into d.buf in chunks, hashing each chunk while it is in cache; the
-    error text or None. `stop`: another worker found a bad tensor, no need to go on."""
+def _read_verify(m: Member, d: _Dest, stop: threading.Event) -> Optional[str]:
+    """Read entry d's bytes into d.buf in chunks (copied out of the standby's mapping when there is
+    one: ctypes.memmove releases the GIL, as preadv does), hashing each chunk while it is in cache;
+    the error text or None. `stop`: another worker found a bad tensor, no need to go on."""
     h, e = xxhash.xxh3_64(), d.e
     for start in range(0, e.nbytes, _READ_CHUNK):
         if stop.is_set():
             return None
         piece = d.buf[start:min(start + _READ_CHUNK, e.nbytes)]
-        got = 0
+        if m.src is not None:   # prepare() checked the file (so the mapping) holds the whole table
+            ctypes.memmove(d.addr + start, m.src + e.offset + start, len(piece))
+        got = len(piece) if m.src is not None else 0
         while got < len(piece):
-            n = os.preadv(fd, [piece[got:]], e.offset + start + got)
+            n = os.preadv(m.fd, [piece[got:]], e.offset + start + got)
             if n <= 0:
                 return "shorter than its table says"
             got += n
@@ -184,7 +191,7 @@ def _read_all(members: Sequence[Member], meanwhile: Callable[[], Any]) -> Any:
                 return
             d = m.dests[i]
             m.touched |= d.live
-            why = _read_verify(m.fd, d, stop)
+            why = _read_verify(m, d, stop)
             if why:
                 m.bad[i] = why
                 stop.set()
@@ -219,6 +226,7 @@ def read(members: Sequence[Member], meanwhile: Callable[[], Any] = lambda: None)
         i = min(bad.bad)
         touched = any(m.touched for m in members)
         raise (LiveStateChanged if touched else CheckpointError)(f"{bad.name}: tensor {i} {bad.bad[i]}")
+    slot_maps.count_read(sum(d.e.nbytes for m in members if m.src is not None for d in m.dests))
     with torch.no_grad():
         for m in members:
             for d in m.dests:

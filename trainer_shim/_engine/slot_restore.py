@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Optional
 
-from . import landing, restoring, snapshot_store
+from . import landing, restoring, slot_maps, snapshot_store
 from .. import rundir
 from .._process.messages import say
 from ..rundir import CheckpointInfo, InvalidCheckpoint
@@ -62,9 +62,10 @@ class SlotRestore:
     def loaded(self, path: Path) -> None:
         """The restore loop resumed from slot `path`: keep it, and persist it when it is not on disk."""
         info, disk = self._offered
-        ahead = landing.landed()
-        say(f"resumed from memory step {info.step}"
-            + (f" ({ahead / 2**20:.1f} MiB into memory the warm standby had faulted in)" if ahead else ""))
+        ahead, through = landing.landed(), slot_maps.read_through()
+        said = ([f"{ahead / 2**20:.1f} MiB into memory the warm standby had faulted in"] if ahead else []) \
+            + ([f"{through / 2**20:.1f} MiB out of its mapping of the slot"] if through else [])
+        say(f"resumed from memory step {info.step}" + (f" ({', '.join(said)})" if said else ""))
         self.slots.adopt(info.path)
         if disk is not None:
             self.run.resumed_from = str(disk.path)
