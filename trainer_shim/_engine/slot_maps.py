@@ -23,11 +23,11 @@ import ctypes
 import dataclasses
 import mmap
 import os
-import stat
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Optional
 
+from . import raw_tensors
 from .. import rundir
 
 _MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0x8000)
@@ -61,13 +61,12 @@ def _key(st: os.stat_result) -> tuple[int, int, int]:
 
 
 def _map(path: Path) -> Optional[_Map]:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError:
+    opened = raw_tensors.open_own(path, os.O_RDONLY)
+    if opened is None:
         return None
+    fd, st = opened
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_size == 0:
+        if st.st_size == 0:
             return None
         addr = _LIBC.mmap(None, st.st_size, mmap.PROT_READ, mmap.MAP_SHARED | _MAP_POPULATE, fd, 0)
         return None if addr in (None, _MAP_FAILED) else _Map(_key(st), addr)
