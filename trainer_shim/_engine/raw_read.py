@@ -191,7 +191,10 @@ def _read_all(members: Sequence[Member], meanwhile: Callable[[], Any]) -> Any:
                 return
             d = m.dests[i]
             m.touched |= d.live
-            why = _read_verify(m, d, stop)
+            try:
+                why = _read_verify(m, d, stop)
+            except Exception as e:  # noqa: BLE001 - a reader never ends without a verdict: an unread
+                why = f"unreadable: {type(e).__name__}: {e}"  # tensor would otherwise pass as read
             if why:
                 m.bad[i] = why
                 stop.set()
