@@ -5,6 +5,7 @@ the tensor and says whether live bytes had changed, the two-reader split gives t
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -155,5 +156,12 @@ def test_a_held_mapping_of_the_slot_is_read_only_while_it_is_the_same_file(tmp_p
         # Removed: unmapped at the next poll.
         path.unlink()
         assert slot_maps.follow([tmp_path]) == 0 and not slot_maps._maps
+        # Held when the restore ends: unmapped right after (on a thread), nothing left in this process.
+        _member(tmp_path, src, rundir.MODEL_FILE)
+        assert slot_maps.follow([tmp_path]) > 0 and str(path) in Path("/proc/self/maps").read_text()
     finally:
         slot_maps.release()
+    deadline = time.monotonic() + 30
+    while str(path) in Path("/proc/self/maps").read_text() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert str(path) not in Path("/proc/self/maps").read_text()
