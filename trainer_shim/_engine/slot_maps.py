@@ -31,7 +31,7 @@ from typing import Optional
 from . import raw_tensors
 from .. import rundir
 
-_MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0x8000)
+_MAP_POPULATE: Optional[int] = getattr(mmap, "MAP_POPULATE", None)   # Linux (as are the slots)
 _MAP_FAILED = ctypes.c_void_p(-1).value
 _MADV_DONTFORK = getattr(mmap, "MADV_DONTFORK", 10)
 _PIECE = 16 << 20
@@ -89,6 +89,8 @@ def _unmap(m: _Map) -> None:
 def follow(slots: Sequence[Path]) -> int:
     """Hold a populated mapping of every split member region of `slots` (the standby, at each poll):
     new or replaced files mapped, removed ones unmapped. Bytes mapped now."""
+    if _MAP_POPULATE is None:
+        return 0
     want: dict[Path, tuple[int, int, int]] = {}
     for slot in slots:
         for member in _MEMBERS:
