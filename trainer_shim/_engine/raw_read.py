@@ -1,5 +1,6 @@
 """Reading split checkpoint members back (the raw tensor layout of raw_tensors): each tensor's
-bytes read once (preadv, no mapping of the slot) straight to where they belong — into the live
+bytes read once (preadv; or copied out of the warm standby's populated mapping of the slot while
+that is still the same file: slot_maps) straight to where they belong — into the live
 tensor it replaces when that is contiguous with the same dtype and shape, else into one fresh
 anonymous region per member (a fresh restart's optimizer state) — and hashed there in cache-sized
 chunks.
@@ -47,7 +48,7 @@ _MIN_THREAD_BYTES = 8 << 20  # below this per thread, starting one costs more th
 
 
 class LiveStateChanged(CheckpointError):
-    """A tensor failed its digest after bytes of this member had already reached live tensors."""
+    """A tensor failed its digest (or a member was refused) after bytes had already reached live tensors."""
 
 
 def _fits(t: Any, e: Entry) -> bool:

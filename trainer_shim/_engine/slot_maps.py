@@ -83,7 +83,12 @@ def _map(path: Path) -> Optional[_Map]:
 
 
 def _unmap(m: _Map) -> None:
-    _LIBC.munmap(m.addr, m.key[2])
+    """In 16 MiB pieces: one munmap of a whole slot region holds the address space's lock for as
+    long as its page tables take to tear down (5-6 ms for 384 MiB), stalling the process's thread
+    starts and mmaps meanwhile."""
+    size = m.key[2]
+    for off in range(0, size, _PIECE):
+        _LIBC.munmap(m.addr + off, min(_PIECE, size - off))
 
 
 def follow(slots: Sequence[Path]) -> int:
@@ -131,17 +136,8 @@ def read_through() -> int:
 
 def release() -> None:
     """Unmap everything: the restore is over (so a running trainer holds no mapping that would keep
-    a removed slot's memory alive). On a thread, in 16 MiB pieces: tearing down the page tables of
-    the 384 MiB mapping took 5-6 ms here (twice that with both slots), which init() need not wait
-    for; whole, it held the address space's lock long enough to stall init()'s own thread starts."""
+    a removed slot's memory alive). On a thread: the 5-6 ms per slot need not be init()'s."""
     maps = list(_maps.values())
     _maps.clear()
     if maps:
-        threading.Thread(target=_unmap_in_pieces, args=(maps,), name="trainer_shim-unmap", daemon=True).start()
-
-
-def _unmap_in_pieces(maps: list[_Map]) -> None:
-    for m in maps:
-        size = m.key[2]
-        for off in range(0, size, _PIECE):
-            _LIBC.munmap(m.addr + off, min(_PIECE, size - off))
+        threading.Thread(target=lambda: [_unmap(m) for m in maps], name="trainer_shim-unmap", daemon=True).start()
