@@ -42,7 +42,7 @@ import xxhash  # noqa: E402
 from torch import nn  # noqa: E402
 
 import trainer_shim  # noqa: E402
-from trainer_shim._engine import restoring, snapshot_store  # noqa: E402
+from trainer_shim._restore import loop as restoring
 from trainer_shim import rundir  # noqa: E402
 from trainer_shim.rundir import CheckpointKind, RunDir  # noqa: E402
 
@@ -160,7 +160,7 @@ def bench_restore(tmp: Path, mb: int, rounds: int) -> tuple[dict[str, float], st
     p = subprocess.run([sys.executable, "-c", CHILD.format(repo=repo, mb=mb, rd=str(rd))], capture_output=True,
                        text=True, timeout=600)
     assert p.returncode == -signal.SIGKILL, p.stderr[-2000:]
-    slot = snapshot_store.complete_slots(rd)[0].path
+    slot = rundir.complete_slots(rd)[0].path
     model, opt = build(mb)
     f = tmp / "bare-restore.pt"
     torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, f)
@@ -195,7 +195,7 @@ def bench_restore(tmp: Path, mb: int, rounds: int) -> tuple[dict[str, float], st
         res["fresh"].append(timed(fresh))
         res["live"].append(timed(lambda: restoring.apply(run, slot, verify=True)))
     run.engine.fast.slots.free()
-    snapshot_store.free(RunDir(rd).root)
+    rundir.free_slots(RunDir(rd).root)
     return {k: statistics.median(v) for k, v in res.items()}, line
 
 
@@ -305,7 +305,7 @@ def main() -> None:
             dl, dl_note = bench_dlrover(tmp, args.mb, args.rounds)
         finally:  # no /dev/shm slot outlives the bench, whatever happened
             for sub in ("stall", "tput", "restore"):
-                snapshot_store.free(tmp / sub)
+                rundir.free_slots(tmp / sub)
     print(f"state: {s['bytes'] / (1 << 20):.0f} MiB (model + Adam), {torch.get_num_threads()} torch thread(s); {line}")
     print(f"floor (buf.copy_) {s['floor']:.3f} s | t.clone() {s['clone']:.3f} s | torch.save+fsync {s['save']:.3f} s"
           f" | async stall {s['ours']:.3f} s")

@@ -37,9 +37,11 @@ from torch import nn  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import trainer_shim  # noqa: E402
-from trainer_shim._engine import checkpoint as ckpt  # noqa: E402
-from trainer_shim._process import distributed  # noqa: E402
+from trainer_shim._session import distributed
 from trainer_shim.rundir import CheckpointKind  # noqa: E402
+from trainer_shim._disk import members
+from trainer_shim._state import capture
+from trainer_shim import rundir
 
 
 def _model(mb: int) -> tuple[nn.Module, torch.optim.Optimizer]:
@@ -98,9 +100,9 @@ def main() -> None:
 
     def single(i: int) -> None:
         if rank == 0:
-            snap = ckpt.Snapshot({ckpt.MODEL_FILE: ddp_model.state_dict(), ckpt.OPTIMIZER_FILE: ddp_opt.state_dict(),
-                                  ckpt.TRAINER_FILE: {"x": 1}}, 10_000 + i, 0, 0, CheckpointKind.STEP, None)
-            ckpt.write_checkpoint(root / "single", snap, meta={})
+            snap = capture.Capture({rundir.MODEL_FILE: ddp_model.state_dict(), rundir.OPTIMIZER_FILE: ddp_opt.state_dict(),
+                                  rundir.TRAINER_FILE: {"x": 1}}, 10_000 + i, 0, 0, CheckpointKind.STEP, None)
+            members.write_checkpoint(root / "single", snap, meta={})
             shutil.rmtree(root / "single" / f"step-{10_000 + i:08d}")
 
     def multi(run: trainer_shim.Run) -> Callable[[], object]:

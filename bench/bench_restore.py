@@ -8,7 +8,7 @@ state (as after a restart), then time only the restore:
 - ours: `trainer_shim.init(...)` restoring from the slot (every digest verified, the optimizer
   state materialised), to init()'s return;
 - ours, warm: the same, in a process that first did what resilient-run's warm standby does while it
-  waits for its attempt (`_engine.landing.keep_ready`: the restore's landing memory faulted in), as
+  waits for its attempt (`_restore.landing.keep_ready`: the restore's landing memory faulted in), as
   a restart under the supervisor meets it;
 - bare: `torch.load` of the same state from a page-cached file (read just before) +
   `model.load_state_dict` + `optimizer.load_state_dict`, unverified.
@@ -69,7 +69,7 @@ def child(mode: str, mb: int, rd: str, f: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
     if mode == "warm":
         from trainer_shim import rundir
-        from trainer_shim._engine import landing
+        from trainer_shim._restore import landing
 
         assert landing.keep_ready(rundir.snapshot_slot_paths(Path(rd))) > 0, "no room for the landing memory"
     model, opt = build(mb, populate=False)

@@ -24,8 +24,8 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 import trainer_shim  # noqa: E402
-from trainer_shim._engine import checkpoint as ckpt  # noqa: E402
 from trainer_shim import rundir  # noqa: E402
+from trainer_shim._restore import read
 
 
 def bench_step(tmp: Path, steps: int, rounds: int = 7) -> tuple[float, float, float]:
@@ -117,14 +117,14 @@ def bench_save_restore(tmp: Path, mb: int, reps: int = 5) -> tuple[float, ...]:
     bare_file = bare_dir / "x.pt"
     torch.save(model.state_dict(), bare_file)
     torch.load(bare_file, map_location="cpu", weights_only=True)  # warm both files into the page cache
-    ckpt.read_checkpoint(info.path)
+    read.read_checkpoint(info.path)
     r_bare, r_shim, a_bare, a_shim = [], [], [], []
     for _ in range(reps):
         t0 = time.perf_counter()
         torch.load(bare_file, map_location="cpu", weights_only=True)
         r_bare.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
-        ckpt.read_checkpoint(info.path)
+        read.read_checkpoint(info.path)
         r_shim.append(time.perf_counter() - t0)
         # As a restore meets it: into the model. The shim's restore hands read_checkpoint the live
         # state dict (restoring._load_members); load_state_dict runs only if that did not fill it.
@@ -133,9 +133,9 @@ def bench_save_restore(tmp: Path, mb: int, reps: int = 5) -> tuple[float, ...]:
         a_bare.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         live = model.state_dict()
-        _, files = ckpt.read_checkpoint(info.path, into={ckpt.MODEL_FILE: live})
-        if files[ckpt.MODEL_FILE] is not live:
-            model.load_state_dict(files[ckpt.MODEL_FILE])
+        _, files = read.read_checkpoint(info.path, into={rundir.MODEL_FILE: live})
+        if files[rundir.MODEL_FILE] is not live:
+            model.load_state_dict(files[rundir.MODEL_FILE])
         a_shim.append(time.perf_counter() - t0)
     # best of N for both sides: on a shared box, other jobs' I/O only ever adds time
     return min(t_bare), min(t_shim), min(r_bare), min(r_shim), min(a_bare), min(a_shim)

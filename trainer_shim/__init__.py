@@ -3,27 +3,21 @@
 `import trainer_shim` stays torch-free (the supervisor imports `trainer_shim.rundir`); the
 torch-using API is loaded on first use of `init`, `load` or `Run`.
 
-Where things live (one room per idea; each room's __init__ maps its modules);
-rooms named `_x` are internal: a script relies only on `__all__`:
+Where things live (one room per idea; each room's __init__ maps its modules; rooms named `_x` are
+internal: a script relies only on `__all__`). The rooms are layered: each imports only rooms below it.
 
     integrations/  HF Trainer and Lightning callbacks over the same engine
-    rundir/        the run-dir contract both sides import (torch-free): paths, env, records, events
-    _loop/         the API a training loop calls: init() -> Run, its options, the resumed epoch iterator
-                     cursor, options, resume_prompt, run
-    _engine/       the checkpoint engine: the state it captures, commit, save, restore, retention
-                     async_save, checkpoint, data, engine, loading, memory_snapshot, raw_read,
-                     raw_tensors, restoring, retention, rng, rotation, saving, sharded, slot_maps,
-                     slot_restore, snapshot_store
-    _process/      the process around the loop: heartbeats, signals, hooks, collectives
-                     distributed, heartbeat, hooks, messages, signals
-    _policies/     judgements on a running job: divergence, provenance, when to save
-                     divergence, memory_interval, provenance, save_interval, save_time
-    _insight/      looking inside: doctor-mode probes, checkpoint export
-                     export, probe
     _launch/       launchers the supervisor prestarts: a waiting torchrun, a warm interpreter
-                     standby, warm
+    _loop/         the raw loop's API: init() -> Run, its options, the resumed epoch iterator
+    _insight/      looking inside: doctor-mode probes, checkpoint export
+    _memory/       memory snapshots and async saves (loaded only when switched on)
+    _restore/      the one restore loop, restore from memory, the readers, load()
+    _disk/         checkpoints on disk: member files, the save and its commit, retention
+    _state/        what a save captures: model/optimizer/RNG/data position, sharded state
+    _policies/     judgements on a running job: divergence, provenance, when to save
+    _session/      one process's session: heartbeat, signals, hooks, collectives, the engine's bookkeeping
     _attach/       auto-attach: the bootstrap dir the supervisor puts first on a job's PYTHONPATH
-                     sitecustomize
+    rundir/        the run-dir contract both sides import (torch-free): paths, env, records, events
     errors         ShimError and its families: every exception a user may catch
 """
 
@@ -31,17 +25,20 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from . import rundir
-from .errors import CheckpointError, ConfigError, ShimError
+from . import rundir  # noqa: F401  - importable as trainer_shim.rundir for tools; not part of __all__
+from .errors import (
+    CheckpointError, CollectiveTimeout, ConfigError, LiveStateChanged, ShimError, WorldSizeMismatch,
+)
 
 # What a training script relies on; every other module is the engine's inside (no stability promise).
-__all__ = ["init", "load", "Run", "LoadResult", "ShimError", "CheckpointError", "ConfigError", "rundir"]
+__all__ = ["init", "load", "Run", "LoadResult", "ShimError", "CheckpointError", "ConfigError",
+           "CollectiveTimeout", "WorldSizeMismatch", "LiveStateChanged"]
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ._engine.loading import LoadResult
-    from ._loop.run import Run, init, load
+    from ._loop.run import Run, init
+    from ._restore.load import LoadResult, load
 
-_LAZY = {"init": "_loop.run", "load": "_loop.run", "Run": "_loop.run", "LoadResult": "_engine.loading"}
+_LAZY = {"init": "_loop.run", "Run": "_loop.run", "load": "_restore.load", "LoadResult": "_restore.load"}
 
 
 def __getattr__(name: str) -> Any:

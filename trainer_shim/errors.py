@@ -6,7 +6,8 @@ errors derive from it too; it is re-exported here.
 
 from .rundir.errors import ShimError
 
-__all__ = ["ShimError", "CheckpointError", "ConfigError", "CollectiveTimeout", "WorldSizeMismatch"]
+__all__ = ["ShimError", "CheckpointError", "ConfigError", "CollectiveTimeout", "WorldSizeMismatch",
+           "LiveStateChanged"]
 
 
 class CheckpointError(ShimError):
@@ -23,3 +24,7 @@ class CollectiveTimeout(ShimError):
 
 class WorldSizeMismatch(ShimError):
     """The checkpoint was written by a different number of ranks and cannot (or may not) be resharded."""
+
+
+class LiveStateChanged(CheckpointError):
+    """A tensor failed its digest (or a member was refused) after bytes had already reached live tensors."""

@@ -57,7 +57,7 @@ class Prestarter:
     def __init__(self, rd: RunDir, preload: Sequence[str], working_dir: Optional[str],
                  tick: Callable[[], None], landing: bool = True) -> None:
         self.rd = rd
-        # A warm interpreter keeps a restore's landing memory faulted in (trainer_shim._engine.landing),
+        # A warm interpreter keeps a restore's landing memory faulted in (trainer_shim._restore.landing),
         # not under --memory-limit: pages it faults outside the job's cgroup stay charged outside it.
         self.landing = landing
         self.preload = tuple(preload)

@@ -43,7 +43,7 @@ SUPERVISOR_ERRORS = exceptions_defined_in(supervisor)
 
 
 def test_discovery_finds_the_known_families() -> None:
-    from trainer_shim._engine.memory_snapshot import SlotError
+    from trainer_shim._memory.slots import SlotError
     from supervisor.errors import LockedError
 
     assert {ShimError, ContractError, EnvError, InvalidCheckpoint, SlotError} <= set(SHIM_ERRORS)

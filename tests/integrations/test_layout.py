@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trainer_shim._engine.retention import Retention
+from trainer_shim._disk.retention import Retention
 from trainer_shim.rundir import CheckpointKind, Manifest, commit, ensure_run_dir
 
 

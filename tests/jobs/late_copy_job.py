@@ -1,4 +1,4 @@
-"""A job for the pipelined memory snapshots (trainer_shim._engine.late_copy).
+"""A job for the pipelined memory snapshots (trainer_shim._memory.late_copy).
 
 `snap`: a model with BatchNorm (forward changes its running statistics while the optimizer's
 tensors are still being copied) and Adam, a memory snapshot every step (each waited for, so none

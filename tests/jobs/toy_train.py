@@ -100,7 +100,7 @@ _HASHING = threading.Event()       # kill_hashing: the held snapshot's hash has 
 def hold_hash_at(run, step: int) -> None:
     """kill_hashing: the background hash of step `step`'s memory snapshot never finishes (the
     training thread waits in inject() at that step, so the hasher's run.global_step is the snapshot's)."""
-    from trainer_shim._engine import memory_snapshot
+    from trainer_shim._memory import slots as memory_snapshot
 
     real = memory_snapshot.Slot.hash_tensors
 

@@ -9,13 +9,12 @@ import pytest
 import torch
 
 import trainer_shim
-from trainer_shim._engine import checkpoint as ckpt
 from trainer_shim import rundir
-from trainer_shim._engine import snapshot_store
 from tests.conftest import JOBS, PYTHON, child_env
 from tests.save_modes import PLAIN, shm_segments
 
 from .helpers import assert_same_weights, events, run_toy, shim_lines
+from trainer_shim._restore import read
 
 
 def test_updates_after_step_returns_never_leak_into_the_async_checkpoint(run_dir: Path) -> None:
@@ -27,9 +26,9 @@ def test_updates_after_step_returns_never_leak_into_the_async_checkpoint(run_dir
     got = trainer_shim.load(run_dir / "checkpoints" / "step-00000004", optimizer=None)
     for k, v in want["model"].items():
         assert torch.equal(got.model_state[k], v), f"{k}: an update made after run.step() leaked in"
-    _info, files = ckpt.read_checkpoint(run_dir / "checkpoints" / "step-00000004")
+    _info, files = read.read_checkpoint(run_dir / "checkpoints" / "step-00000004")
     for i, st in want["optimizer"]["state"].items():
-        assert torch.equal(files[ckpt.OPTIMIZER_FILE]["state"][i]["exp_avg"], st["exp_avg"])
+        assert torch.equal(files[rundir.OPTIMIZER_FILE]["state"][i]["exp_avg"], st["exp_avg"])
     assert not events(run_dir, "checkpoint_failed")
     assert not shm_segments(run_dir), "finish() left shared-memory slots behind"
 
@@ -59,7 +58,7 @@ def test_an_exception_or_sigterm_waits_for_the_save_in_flight(run_dir: Path, fau
                     env={**PLAIN, "TOY_ASYNC_SAVE": "1"})
     finally:
         left = shm_segments(run_dir)
-        snapshot_store.free(run_dir)  # a crash keeps its slots for the next start (no supervisor here)
+        rundir.free_slots(run_dir)  # a crash keeps its slots for the next start (no supervisor here)
     assert p.returncode == code, p.stderr[-3000:]
     assert not left if fault == "sigterm" else left, "a standalone stop frees the slots, a crash keeps them"
     info = rundir.inspect_checkpoint(run_dir / "checkpoints" / "step-00000010", full=True)

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from trainer_shim._engine import data
+from trainer_shim._state import data
 from trainer_shim import rundir
 
 from tests.support import first_steps

@@ -12,7 +12,7 @@ from pathlib import Path
 from tests.conftest import JOBS, PYTHON, child_env
 from tests.save_modes import PLAIN
 from trainer_shim import rundir
-from trainer_shim._engine.late_copy import CHANGED_WHILE_COPIED
+from trainer_shim._memory.late_copy import CHANGED_WHILE_COPIED
 
 from .helpers import events
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import torch
 
 import trainer_shim
-from trainer_shim._engine import checkpoint as ckpt
+from trainer_shim._restore import read
+from trainer_shim import rundir
 
 
 def _mapped(path: Path) -> list[str]:
@@ -61,8 +62,8 @@ def test_a_live_state_of_another_structure_is_untouched_and_gets_clones(tmp_path
     other = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 1))   # no BatchNorm
     live = other.state_dict()
     before = {k: v.clone() for k, v in live.items()}
-    _, files = ckpt.read_checkpoint(path, names=[ckpt.MODEL_FILE], into={ckpt.MODEL_FILE: live})
-    got = files[ckpt.MODEL_FILE]
+    _, files = read.read_checkpoint(path, names=[rundir.MODEL_FILE], into={rundir.MODEL_FILE: live})
+    got = files[rundir.MODEL_FILE]
     assert got is not live and all(torch.equal(before[k], v) for k, v in live.items())
     assert got.keys() == want.keys() and all(torch.equal(want[k], v) for k, v in got.items())
     assert not _mapped(path), "a returned tensor still maps the checkpoint file"

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer_shim._engine import raw_read, raw_tensors as raw, slot_maps
+from trainer_shim._restore import raw_read, slot_maps
+from trainer_shim._disk import raw_tensors as raw
 from trainer_shim import rundir
 from trainer_shim.errors import CheckpointError
 

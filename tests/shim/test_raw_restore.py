@@ -16,11 +16,10 @@ import trainer_shim
 from trainer_shim.errors import CheckpointError
 from tests.conftest import JOBS, PYTHON, child_env
 from tests.save_modes import PLAIN, shm_segments
-from trainer_shim._engine import checkpoint as ckpt
 from trainer_shim import rundir
-from trainer_shim._engine import snapshot_store
 
 from .helpers import events
+from trainer_shim._restore import read
 
 JOB = JOBS / "raw_restore_job.py"
 
@@ -45,8 +44,8 @@ def _restored(run_dir: Path, expect: Path, *args: str) -> dict:
 
 def test_a_restart_copies_the_snapshot_into_the_live_tensors_bit_exact(tmp_path: Path) -> None:
     run_dir, expect = _snapped(tmp_path)
-    slot = snapshot_store.complete_slots(run_dir)[0].path
-    assert (slot / (ckpt.MODEL_FILE + rundir.TABLE_SUFFIX)).exists(), "the slot is not in the raw layout"
+    slot = rundir.complete_slots(run_dir)[0].path
+    assert (slot / (rundir.MODEL_FILE + rundir.TABLE_SUFFIX)).exists(), "the slot is not in the raw layout"
     # Optimizer state exists (one step of the new process's own): everything lands in place.
     warm = _restored(run_dir, expect, "--warm-optimizer")
     assert warm["step"] == 3 and warm["equal"] and warm["next_equal"] and not warm["initial"], warm
@@ -74,18 +73,18 @@ def _flip_middle_byte(region: Path) -> None:
 def test_a_persisted_slot_loads_on_disk_and_a_corrupt_tensor_falls_back_to_disk_bit_exact(tmp_path: Path) -> None:
     run_dir, expect = _snapped(tmp_path, "--save-every", "2")  # on disk: step 2; in memory: 2 and 3
     # The supervisor's torch-free copy (elsewhere: not a resume candidate) reads back with the one reader.
-    final = snapshot_store.persist(snapshot_store.complete_slots(run_dir)[0], tmp_path / "elsewhere")
+    final = rundir.persist_slot(rundir.complete_slots(run_dir)[0], tmp_path / "elsewhere")
     assert final is not None
-    _info, files = ckpt.read_checkpoint(final)  # every digest: whole files and each tensor
+    _info, files = read.read_checkpoint(final)  # every digest: whole files and each tensor
     want = torch.load(expect, weights_only=True)[3]
-    for k, v in files[ckpt.MODEL_FILE].items():
+    for k, v in files[rundir.MODEL_FILE].items():
         assert torch.equal(v, want[f"model.{k}"]), k
-    for i, st in files[ckpt.OPTIMIZER_FILE]["state"].items():
+    for i, st in files[rundir.OPTIMIZER_FILE]["state"].items():
         assert torch.equal(st["exp_avg_sq"], want[f"opt.{i}.exp_avg_sq"]), i
     # A flipped byte in each slot's optimizer tensors: the model (read first, straight into the
     # live tensors) is already overwritten when the digest fails; the disk checkpoint replaces it all.
     for slot in shm_segments(run_dir):
-        _flip_middle_byte(slot / (ckpt.OPTIMIZER_FILE + rundir.TENSORS_SUFFIX))
+        _flip_middle_byte(slot / (rundir.OPTIMIZER_FILE + rundir.TENSORS_SUFFIX))
     got = _restored(run_dir, expect, "--warm-optimizer")
     assert got["step"] == 2 and got["equal"] and got["next_equal"], got
     reasons = [e["reason"] for e in events(run_dir, rundir.Event.CHECKPOINT_REJECTED)]
@@ -97,11 +96,11 @@ def test_a_persisted_slot_loads_on_disk_and_a_corrupt_tensor_falls_back_to_disk_
 def test_a_corrupt_tensor_with_no_disk_checkpoint_ends_the_attempt_and_the_next_starts_fresh(tmp_path: Path) -> None:
     run_dir, expect = _snapped(tmp_path)
     for slot in shm_segments(run_dir):
-        _flip_middle_byte(slot / (ckpt.OPTIMIZER_FILE + rundir.TENSORS_SUFFIX))
+        _flip_middle_byte(slot / (rundir.OPTIMIZER_FILE + rundir.TENSORS_SUFFIX))
     p = _job(run_dir, expect, "restore", "--warm-optimizer")
     errors = [ln for ln in p.stderr.splitlines() if "error:" in ln]
     assert p.returncode == 1 and len(errors) == 1 and "overwritten part of the live state" in errors[0], p.stderr
-    assert not snapshot_store.complete_slots(run_dir), "a rejected slot can still be picked"
+    assert not rundir.complete_slots(run_dir), "a rejected slot can still be picked"
     got = _restored(run_dir, expect)
     assert got["step"] == 0 and got["initial"], f"the next attempt did not start fresh: {got}"
     assert not shm_segments(run_dir)
@@ -112,11 +111,11 @@ def test_load_of_a_persisted_slot_with_a_corrupt_model_tensor_leaves_the_model_u
     # split member's tensors are checked one by one as they land, so load() reads them aside.
     run_dir, _ = _snapped(tmp_path)
     try:
-        final = snapshot_store.persist(snapshot_store.complete_slots(run_dir)[0], tmp_path / "elsewhere")
+        final = rundir.persist_slot(rundir.complete_slots(run_dir)[0], tmp_path / "elsewhere")
     finally:
         rundir.free_slots(run_dir)   # the killed job's slots: only the persisted copy is used
     assert final is not None
-    _flip_middle_byte(final / (ckpt.MODEL_FILE + rundir.TENSORS_SUFFIX))
+    _flip_middle_byte(final / (rundir.MODEL_FILE + rundir.TENSORS_SUFFIX))
     torch.manual_seed(5)
     model = torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
     before = {k: v.clone() for k, v in model.state_dict().items()}

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from tests.conftest import PYTHON, REPO, child_env
-from trainer_shim._engine import rng
+from trainer_shim._state import rng
 from trainer_shim import rundir
 
 JOB = textwrap.dedent("""

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from trainer_shim import rundir
-from trainer_shim._process.heartbeat import Heartbeat
+from trainer_shim._session.heartbeat import Heartbeat
 
 from tests.support import first_steps, wait_until
 

@@ -72,7 +72,7 @@ def test_a_crash_before_the_first_step_restarts_warm(tmp_path):
 
 def test_a_warm_restart_restores_its_memory_snapshot_into_memory_the_standby_faulted_in(tmp_path):
     """While it waits, the warm interpreter keeps the optimizer state's landing memory faulted in
-    (trainer_shim._engine.landing, sized from the run's complete memory snapshot slots) and the slots'
+    (trainer_shim._restore.landing, sized from the run's complete memory snapshot slots) and the slots'
     regions mapped (slot_maps): the restart's restore copies out of that mapping into it instead of
     reading page by page into fresh pages, and ends bit-exact."""
     # ~0.5 MiB of Adam state; no disk save before the kill: the supervisor persists the slot as it is

@@ -27,10 +27,10 @@ from typing import Any
 
 import torch
 
-from .._engine import checkpoint as ckpt
 from .. import rundir
 from ..errors import CheckpointError
 from ..rundir import EXIT_BAD_INPUT, EXIT_OK
+from .._restore import read
 
 __all__ = ["export", "flatten", "main"]
 
@@ -59,7 +59,7 @@ def flatten(obj: Any, prefix: str = "") -> tuple[dict[str, torch.Tensor], dict[s
 
 def _members(path: Path, manifest: rundir.Manifest, model_only: bool) -> Any:
     if manifest.sharded:
-        from .._engine import sharded
+        from .._state import sharded
 
         if model_only:
             return sharded.full_model_state(path)
@@ -70,11 +70,11 @@ def _members(path: Path, manifest: rundir.Manifest, model_only: bool) -> Any:
             full = torch.load(os.path.join(tmp, "full.pt"), map_location="cpu", weights_only=False)
         out = {"model": full.pop("model", {}), "optimizer": full.pop("optim", {}), **full}
         names = [n for n in manifest.files if n.endswith(".pt")]
-        _, files = ckpt.read_checkpoint(path, names=names, verify=False) if names else (None, {})
+        _, files = read.read_checkpoint(path, names=names, verify=False) if names else (None, {})
     else:
-        _, files = ckpt.read_checkpoint(path, model_only=model_only, verify=False)
+        _, files = read.read_checkpoint(path, model_only=model_only, verify=False)
         if model_only:
-            return files[ckpt.MODEL_FILE]
+            return files[rundir.MODEL_FILE]
         out = {}
     for name, obj in files.items():
         out[name[:-3] if name.endswith(".pt") else name] = obj

@@ -20,9 +20,9 @@ from typing import Any, Optional
 import torch
 import xxhash
 
-from .._engine import data
+from .._state import data
 from .. import rundir
-from .._process.messages import say
+from .._session.messages import say
 from ..errors import ShimError
 from ..rundir import EXIT_OK, FAULT_KILL, MARK_BATCH, MARK_STEP, Event, RunEnv
 
@@ -104,7 +104,7 @@ def _rng_state(obj: Any) -> Any:
 def state_digests(model: Any, stateful: dict[str, Any], loader_gen: Any = None) -> dict[str, str]:
     """Digests of the model's parameters and buffers, each `stateful` object's state_dict() (None
     skipped) and every RNG the shim captures: the components doctor compares."""
-    from .._engine import rng as rng_mod
+    from .._state import rng as rng_mod
 
     out: dict[str, str] = {}
     if isinstance(model, torch.nn.Module):

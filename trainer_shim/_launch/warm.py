@@ -6,7 +6,7 @@ a console script, whose file is the SCRIPT) or `-m MODULE ARGS...` (for `python 
 imports torch (and the --preload modules), then blocks on one line from stdin: the contract's
 StandbyMessage with the next attempt's environment. While it waits it also imports the frameworks
 the running attempt recorded (rundir.warm), and keeps the memory a restore from the run's memory
-snapshot slots (--slots) will land in faulted in (_engine.landing). It then runs TARGET as `__main__` in this same process
+snapshot slots (--slots) will land in faulted in (_restore.landing). It then runs TARGET as `__main__` in this same process
 (same pid, process group, output pipes, PDEATHSIG and oom_score_adj as the supervisor spawned it),
 so a restart skips the interpreter start and torch's ~1.5 s of imports. A launcher's trainer child
 (`swift sft` runs `python FILE.py ARGS` and waits) runs in this process as well (`inline`), so it
@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Optional
 
 from . import inline, threads
-from .._engine import landing
+from .._restore import landing
 from ..rundir import EXIT_OK, StandbyMessage, frameworks_of_child, write_warm_ready
 
 # How often a waiting interpreter looks at the frameworks record and the slots: a few stats and a small

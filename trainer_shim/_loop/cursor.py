@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from typing import Any, Iterator, Optional
 
-from .._engine import data, rng
+from .._state import data, rng
 
 __all__ = ["resumed_iter"]
 

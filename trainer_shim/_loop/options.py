@@ -9,7 +9,7 @@ import os
 from typing import Any, Mapping, Optional, Union
 
 from ..errors import ConfigError
-from .._engine.loading import uses_dtensor
+from .._state.capture import uses_dtensor
 from .._policies.save_interval import AUTO, DEFAULT_MTBF_HOURS
 
 __all__ = ["Options", "decide_sharded"]

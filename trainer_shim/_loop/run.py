@@ -13,19 +13,20 @@ from types import TracebackType
 from typing import Any, Optional, Union
 
 
-from .._engine import async_save as async_save_mod
+from .._memory import saver as async_save_mod
 from . import cursor, options, resume_prompt
-from .._engine import data, rng
-from .._process import distributed
+from .._state import data, rng
+from .._session import distributed
 from .._policies import divergence, provenance, save_interval
-from .._engine import restoring, retention, saving
+from .._restore import loop as restoring
+from .._disk import retention, save as saving
 from .. import rundir
-from .._engine.engine import Engine, Reporter
-from .._process.messages import say
+from .._session.engine import Engine, Reporter
+from .._session.messages import say
 from ..errors import CollectiveTimeout, ConfigError
-from .._process.heartbeat import Heartbeat
-from .._process.hooks import ProcessHooks, record_exception
-from .._engine.loading import LoadResult, load
+from .._session.heartbeat import Heartbeat
+from .._session.hooks import ProcessHooks, record_exception
+from .._restore.load import LoadResult, load
 from .._insight.probe import Probe
 from .._policies.provenance import script_path
 from .._policies.save_interval import DEFAULT_MTBF_HOURS

@@ -22,10 +22,10 @@ import traceback
 from typing import Any
 
 from .. import rundir
-from .._process.messages import say
+from .._session.messages import say
 from ..rundir import DIVERGED_ERROR_TYPE, EXIT_DIVERGED, Event
 from ..errors import ConfigError
-from .._process.hooks import write_error_record
+from .._session.hooks import write_error_record
 
 __all__ = ["DIVERGED_ERROR_TYPE", "ON_NONFINITE_CHOICES", "check_mode", "is_nonfinite", "nonfinite", "stop_diverged",
            "note_skip"]

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from .. import rundir
-from .._process.messages import say
-from .._process.hooks import write_error_record
+from .._session.messages import say
+from .._session.hooks import write_error_record
 from ..rundir import EXIT_REFUSED, RESUME_REFUSED_ERROR_TYPE, Event, RunEnv
 
 __all__ = ["script_path", "git_info", "args_hash", "differences", "check_resume", "strict_from_env", "attach", "settle"]

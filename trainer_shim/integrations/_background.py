@@ -14,9 +14,9 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-from .._engine.async_save import DRAIN_GRACE
-from .._engine.memory_snapshot import Staging
-from .._engine.writer import serve, stop
+from .._memory.saver import DRAIN_GRACE
+from .._memory.slots import Staging
+from .._memory.writer import serve, stop
 from ._session import say
 
 __all__ = ["BackgroundSaves"]

@@ -22,7 +22,7 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from .._engine.memory_snapshot import Staging
+from .._memory.slots import Staging
 
 __all__ = ["SaveWindow", "StagedFiles"]
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional
 
-from .._engine.memory_snapshot import Staging
+from .._memory.slots import Staging
 from ..rundir import LIGHTNING_CKPT
 from ._background import BackgroundSaves
 from ._session import say

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any, Iterator, Optional
 
-from .._engine import rng
-from .._engine.data import can_skip_by_index, loader_generator, resumed_loader, skip_plain
+from .._state import rng
+from .._state.data import can_skip_by_index, loader_generator, resumed_loader, skip_plain
 
 
 class ResumableLoader:

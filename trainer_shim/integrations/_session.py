@@ -17,12 +17,12 @@ from typing import Any, Iterable, Optional
 
 from .. import rundir
 from ..errors import ConfigError
-from .._process.heartbeat import Heartbeat
-from .._process.hooks import ProcessHooks, record_exception
-from .._engine.retention import Retention
+from .._session.heartbeat import Heartbeat
+from .._session.hooks import ProcessHooks, record_exception
+from .._disk.retention import Retention
 from .._policies.save_time import SaveTimer
 from ..rundir import Event, Manifest, Phase, RunEnv, StepMark
-from .._process.messages import say
+from .._session.messages import say
 
 
 def product_env() -> RunEnv:
@@ -168,7 +168,7 @@ class Session:
         timeout); a world of one, or a job that never initialised torch.distributed, needs none.
         Created on first use, which every rank must reach at the same point (new_group is collective)."""
         if self._group is None:
-            from .._process import distributed
+            from .._session import distributed
 
             multi = self.world_size > 1 and distributed.active_world_size() == self.world_size
             self._group = distributed.Dist(COLLECTIVE_TIMEOUT_S) if multi else distributed.Solo()

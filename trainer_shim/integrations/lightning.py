@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .. import rundir
-from .._engine.checkpoint import write_member
+from .._disk.members import write_member
 from ..rundir import LIGHTNING_CKPT, CheckpointKind, FileEntry, Manifest, Phase
 from ._background import BackgroundSaves
 from ._lightning_async import copy_checkpoint

@@ -6,6 +6,11 @@ a checkpoint), the dir fsynced, renamed to `<name>` atomically and the parent fs
 is repointed for resumable checkpoints. A dir that a framework has already named (a HF Trainer's
 `checkpoint-N/`) is committed in place: its manifest goes in by temp file and rename.
 
+`Draft` drives the protocol for every writer of a checkpoint dir (the raw loop's saves, a memory
+slot's persist, the framework callbacks, the mirror's download): it owns the temporary dir, removes
+it when anything fails, and commits it. `HashingWriter` is the one chunked write loop: members a
+writer serialises and members copied from elsewhere are hashed, counted and flushed by it alike.
+
 Removing a checkpoint goes the other way: rename it out of sight first (`discard`), then delete,
 so a half-deleted dir never looks like a committed one.
 """
@@ -18,7 +23,7 @@ import shutil
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Optional
+from typing import Any, BinaryIO, Optional
 
 from .atomic import atomic_write_bytes, exchange, fsync_dir
 from .errors import InvalidCheckpoint
@@ -27,10 +32,11 @@ from .manifest import MANIFEST_NAME, FileEntry, digest_file, new_hasher
 from .selection import repoint_latest
 from .writeback import Writeback
 
-__all__ = ["tmp_dir", "fresh_tmp_dir", "hash_tree", "commit_dir", "commit_in_place", "copy_member",
-           "copy_verified", "discard"]
+__all__ = ["Draft", "HashingWriter", "tmp_dir", "fresh_tmp_dir", "hash_tree", "commit_dir", "commit_in_place",
+           "copy_member", "copy_verified", "write_new", "discard"]
 
-_COPY_CHUNK = 8 << 20
+# Writes are split so progress (the heartbeat's save_bytes) advances visibly during huge tensors.
+_CHUNK = 16 << 20
 Progress = Callable[[int], None]
 
 
@@ -46,6 +52,118 @@ def fresh_tmp_dir(root: Path, name: str) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(mode=RUN_DIR_MODE)
     return tmp
+
+
+class Draft:
+    """Checkpoint `name` of `root` on its way in: written into its temporary dir (`path`), then
+    committed (MANIFEST.json last, renamed to `final`) or removed. `Draft.open` makes the temporary
+    dir fresh; `Draft(root, name)` stands for one another process opened (multi-rank: rank 0 opens,
+    every rank writes, rank 0 commits). Leaving a `with` block without committing removes it."""
+
+    def __init__(self, root: Path, name: str) -> None:
+        self.root = Path(root)
+        self.name = name
+        self.path = tmp_dir(self.root, name)
+        self.final = self.root / name
+        self.committed = False
+
+    @classmethod
+    def open(cls, root: Path, name: str) -> "Draft":
+        """A fresh temporary dir for `name` (what a killed writer left there is removed); OSError if
+        it cannot be made (nothing is left behind then)."""
+        draft = cls(root, name)
+        fresh_tmp_dir(draft.root, name)
+        return draft
+
+    def commit(self, manifest_bytes: bytes, *, repoint: bool) -> Path:
+        """Make it a checkpoint (see commit_dir); on failure the temporary dir is removed and the
+        error propagates. Returns the committed dir."""
+        try:
+            commit_dir(self.path, self.final, manifest_bytes, repoint=repoint)
+        except BaseException:
+            self.discard()
+            raise
+        self.committed = True
+        return self.final
+
+    def discard(self) -> None:
+        """Remove the temporary dir and everything written into it."""
+        shutil.rmtree(self.path, ignore_errors=True)
+
+    def __enter__(self) -> "Draft":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if not self.committed:
+            self.discard()
+
+
+class HashingWriter:
+    """A binary file object over an fd that hashes (unless `hashing` is off), counts, flushes in the
+    background and reports every byte written: the one write loop of members, serialised by
+    torch.save (`write`) or copied from another file (`copy_from`)."""
+
+    def __init__(self, fd: int, progress: Optional[Progress] = None, *, hashing: bool = True) -> None:
+        self.fd = fd
+        self.hasher = new_hasher() if hashing else None
+        self.nbytes = 0
+        self._progress = progress
+        self.writeback = Writeback(fd)
+
+    def _advance(self, n: int) -> None:
+        self.nbytes += n
+        self.writeback.wrote(self.nbytes)
+        if self._progress is not None:
+            self._progress(self.nbytes)
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        total = len(view)
+        for start in range(0, total, _CHUNK):
+            piece = view[start:start + _CHUNK]
+            if self.hasher is not None:
+                self.hasher.update(piece)
+            n = len(piece)
+            while piece:
+                piece = piece[os.write(self.fd, piece):]
+            self._advance(n)
+        return total
+
+    def copy_from(self, src: BinaryIO) -> None:
+        """Append all of `src`: in the kernel (copy_file_range) when nothing is hashed, else read and
+        hashed piece by piece."""
+        if self.hasher is None:
+            while True:
+                got = os.copy_file_range(src.fileno(), self.fd, _CHUNK)
+                if not got:
+                    return
+                self._advance(got)
+        buf = bytearray(_CHUNK)
+        view = memoryview(buf)
+        while True:
+            got = src.readinto(buf)
+            if not got:
+                return
+            self.write(view[:got])
+
+    def flush(self) -> None:
+        pass
+
+    def writable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.nbytes  # the file was created empty and is only appended to
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def close(self) -> None:
+        pass  # the fd belongs to whoever opened it
+
+    def digest(self) -> str:
+        assert self.hasher is not None
+        return self.hasher.hexdigest()
 
 
 def _fsync_file(path: Path) -> None:
@@ -133,37 +251,15 @@ def copy_verified(src: Path, dst: Path, want: Optional[str], progress: Progress 
     not what the manifest says. want=None: an in-kernel copy (copy_file_range), no hashing."""
     if want is None:
         try:
-            return _kernel_copy(src, dst, progress, base)
+            return _copy(src, dst, False, progress, base).nbytes
         except OSError as e:
             if e.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
                 raise
-            os.unlink(dst)
-    h = new_hasher()
-    n = 0
-    buf = bytearray(_COPY_CHUNK)
-    view = memoryview(buf)
-    with open(src, "rb", buffering=0) as f:
-        fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        wb = Writeback(fd)
-        try:
-            while True:
-                got = f.readinto(buf)
-                if not got:
-                    break
-                piece = view[:got]
-                h.update(piece)
-                while piece:
-                    piece = piece[os.write(fd, piece):]
-                n += got
-                wb.wrote(n)
-                progress(base + n)
-            wb.finish()
-        finally:
-            wb.join()
-            os.close(fd)
-    if want is not None and h.hexdigest() != want:
+            os.unlink(dst)   # a filesystem without copy_file_range: copied through user space
+    w = _copy(src, dst, True, progress, base)
+    if want is not None and w.digest() != want:
         raise InvalidCheckpoint(src.parent, f"{src.name} digest mismatch (changed in memory?)")
-    return n
+    return w.nbytes
 
 
 def copy_member(src: Path, dst: Path, progress: Progress = lambda n: None) -> int:
@@ -171,21 +267,22 @@ def copy_member(src: Path, dst: Path, progress: Progress = lambda n: None) -> in
     return copy_verified(src, dst, None, progress)
 
 
-def _kernel_copy(src: Path, dst: Path, progress: Progress, base: int) -> int:
-    n = 0
-    with open(src, "rb", buffering=0) as f:
-        fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        wb = Writeback(fd)
+def write_new(path: Path, body: Callable[[HashingWriter], object], progress: Optional[Progress] = None,
+              hashing: bool = True) -> HashingWriter:
+    """Create `path` (it must not exist), let `body` write it through a HashingWriter, fsync it."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        w = HashingWriter(fd, progress, hashing=hashing)
         try:
-            while True:
-                got = os.copy_file_range(f.fileno(), fd, _COPY_CHUNK)
-                if not got:
-                    break
-                n += got
-                wb.wrote(n)
-                progress(base + n)
-            wb.finish()
+            body(w)
+            w.writeback.finish()   # the fsync, mostly done in the background while body wrote
         finally:
-            wb.join()
-            os.close(fd)
-    return n
+            w.writeback.join()
+    finally:
+        os.close(fd)
+    return w
+
+
+def _copy(src: Path, dst: Path, hashing: bool, progress: Progress, base: int) -> HashingWriter:
+    with open(src, "rb", buffering=0) as f:
+        return write_new(dst, lambda w: w.copy_from(f), lambda n: progress(base + n), hashing)

@@ -45,7 +45,7 @@ _MEMORY_FS = frozenset({"tmpfs", "ramfs"})   # what keeps a slot in RAM (hugetlb
 SNAPSHOT_PREFIX = "resilient-run-"
 SNAPSHOT_SLOTS = 2                 # at most two snapshot slots per run dir (node)
 TENSORS_SUFFIX = ".tensors"        # the member holding the raw tensor bytes of `<member>`
-TABLE_SUFFIX = ".table"            # the member describing them (trainer_shim._engine.raw_tensors)
+TABLE_SUFFIX = ".table"            # the member describing them (trainer_shim._disk.raw_tensors)
 TENSOR_REF = "\x00rr-tensor:"      # skeleton leaf standing for tensors[i] (NUL: never user text)
 OWNER_NAME = "owner.json"          # `<prefix>[r<R>-]owner.json`: the rank process holding those slots (slot_memory)
 

@@ -1,7 +1,7 @@
 """Write a checkpoint into a shared-memory slot with the training stall of a memory copy.
 
 A slot (`/dev/shm/resilient-run-<hash>-<slot>/`, 0700, files 0600) holds the members of a
-normal checkpoint. model.pt and optimizer.pt are split (trainer_shim._engine.raw_tensors):
+normal checkpoint. model.pt and optimizer.pt are split (trainer_shim._disk.raw_tensors):
 `<member>.tensors` holds the state's tensor bytes, mapped MAP_SHARED once and then updated in
 place with `copy_` (the preallocated buffers *are* the slot), `<member>.table` says where each
 tensor is and its digest, and `<member>` is the small skeleton with TENSOR_REF markers, rewritten
@@ -24,14 +24,16 @@ from typing import Any, Optional
 
 import torch
 
-from . import checkpoint as ckpt
-from . import raw_tensors as raw
+from .._disk import raw_tensors as raw
 from .. import rundir
-from . import snapshot_store
 from ..errors import ShimError
+from .._session.messages import say
 from ..rundir import FileEntry, Manifest
+from .._disk import members
+from .._restore import read
+from .._state import capture
 
-SPLIT = (ckpt.MODEL_FILE, ckpt.OPTIMIZER_FILE)
+SPLIT = (rundir.MODEL_FILE, rundir.OPTIMIZER_FILE)
 
 
 class SlotError(ShimError):
@@ -49,7 +51,7 @@ def split(obj: Any, out: list) -> Any:
             out.append(v)
             return f"{rundir.TENSOR_REF}{len(out) - 1}"
         return v
-    return ckpt.map_leaves(obj, leaf)
+    return capture.map_leaves(obj, leaf)
 
 
 def _layout(tensors: list) -> list:
@@ -94,7 +96,7 @@ class Staging:
         tensors: list = []
         skeleton = copy.deepcopy(split(obj, tensors))  # only markers and small values: the tensors are split out
         self.put(name, tensors)
-        return ckpt.fill_refs(skeleton, self.bufs[name])
+        return read.fill_refs(skeleton, self.bufs[name])
 
 
 class Slot:
@@ -116,7 +118,7 @@ class Slot:
         if why is not None:
             if os.lstat(self.path).st_uid != os.geteuid():
                 raise SlotError(self.path, why)
-            snapshot_store.remove(self.path)
+            rundir.remove_slot(self.path)
         if not os.path.lexists(self.path):
             try:
                 os.mkdir(self.path, 0o700)
@@ -230,10 +232,10 @@ class Slot:
                 dst.copy_(src)
         self.views[name], self.layouts[name], self.regions[name] = views, _layout(tensors), (mm, entries)
 
-    def finalize(self, snap: ckpt.Snapshot, meta: dict[str, Any], world_size: int = 1) -> Manifest:
+    def finalize(self, cap: capture.Capture, meta: dict[str, Any], world_size: int = 1) -> Manifest:
         """Hash the tensors (their table) and the members, write MANIFEST.json last: from now on
         the slot is a complete snapshot (of one rank's share when `world_size` > 1)."""
-        return self.commit(snap, meta, world_size, self.hash_tensors())
+        return self.commit(cap, meta, world_size, self.hash_tensors())
 
     def hash_tensors(self) -> dict[str, str]:
         """Each split member's table written; tensor file name -> its whole digest."""
@@ -244,7 +246,7 @@ class Slot:
             known[name + rundir.TENSORS_SUFFIX] = whole
         return known
 
-    def commit(self, snap: ckpt.Snapshot, meta: dict[str, Any], world_size: int, known: dict[str, str]) -> Manifest:
+    def commit(self, cap: capture.Capture, meta: dict[str, Any], world_size: int, known: dict[str, str]) -> Manifest:
         """The other members hashed, MANIFEST.json written last."""
         entries = {}
         for ent in sorted(os.scandir(self.path), key=lambda e: e.name):
@@ -252,7 +254,7 @@ class Slot:
                 continue
             dig = known.get(ent.name) or rundir.digest_file(Path(ent.path))
             entries[ent.name] = FileEntry(os.path.getsize(ent.path), dig)
-        manifest = ckpt.manifest_of(snap, entries, meta, world_size)
+        manifest = members.manifest_of(cap, entries, meta, world_size)
         rundir.atomic_write_bytes(self.path / rundir.MANIFEST_NAME, manifest.to_bytes(),
                                   durable=False)
         return manifest
@@ -304,10 +306,28 @@ class Slots:
         """This rank's slots (the supervisor frees every rank's when the run ends)."""
         for s in self.slots:
             s.close()
-            snapshot_store.remove(s.path)
+            rundir.remove_slot(s.path)
 
     def adopt(self, path: Path) -> None:
         """A slot this process restored from is the newest complete one (not overwritten first)."""
         for i, s in enumerate(self.slots):
             if s.path == path:
                 self.done(i)
+
+
+def own_slots(rd: rundir.RunDir, rank: int) -> None:
+    """Record this process as its slots' owner (so a kill leaves them visible and reclaimable), and
+    take back the memory of other runs' stale slots (the rule: trainer_shim.rundir.slot_memory)."""
+    try:
+        rundir.record_owner(rd.root, rd.node, rank)
+        if rank == 0:
+            for g, why in rundir.free_stale(keep=rundir.slot_prefix(rd.root, rd.node)):
+                say(f"freed {g.bytes / 2**20:.0f} MiB of stale memory snapshots in {rundir.SHM_DIR} "
+                    f"({g.run_dir or g.prefix + '*'}: {why})")
+    except OSError as e:
+        say(f"warning: cannot record the memory snapshot owner in {rundir.SHM_DIR}: {e.strerror or e}")
+
+
+def disown_slots(rd: rundir.RunDir, rank: int) -> None:
+    """The slots are freed: the owner record goes with them."""
+    rundir.remove_slot(rundir.owner_path(rd.root, rd.node, rank))

@@ -28,7 +28,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from .. import rundir
-from .checkpoint import HashingWriter
+from ..rundir.commit import HashingWriter
 from ..errors import CheckpointError
 from ..rundir import FileEntry
 

@@ -1,8 +1,10 @@
-"""The process around the loop: heartbeats, signals, hooks, collectives.
+"""One training process's session: its heartbeat, signals, hooks and collectives, and the
+bookkeeping every save and restore of the raw loop shares.
 
 Private: users rely only on what `trainer_shim` exports.
 
     distributed  Solo (a world of one) and Dist: the same collectives
+    engine       Engine: the collaborators saving, restoring and memory snapshots share; Reporter (events)
     heartbeat    the heartbeat file, written by a background thread
     hooks        the process hooks of one Run, installed and removed together
     messages     say: the shim's one stderr line

@@ -10,16 +10,16 @@ from typing import Any
 
 import torch
 
-from . import checkpoint as ckpt
 from .. import rundir
 from ..errors import CheckpointError
+from . import read
 
 __all__ = ["LoadResult", "load", "sharded_module", "uses_dtensor"]
 
 
 def sharded_module() -> Any:
     """The DCP module, imported on first use (it costs ~0.6 s and only sharded runs need it)."""
-    from . import sharded
+    from .._state import sharded
 
     return sharded
 
@@ -40,8 +40,8 @@ def _live_states(model: Any, optimizer: Any, files: dict[str, Any]) -> dict[str,
     one by one as they land, and a bad one would leave the model partly overwritten; a restore can
     fall back to an older checkpoint then, a caller of load() would be left with that model."""
     live = {}
-    for name, obj in ((ckpt.MODEL_FILE, model), (ckpt.OPTIMIZER_FILE, optimizer)):
-        if obj is not None and not ckpt.is_split(name, files):
+    for name, obj in ((rundir.MODEL_FILE, model), (rundir.OPTIMIZER_FILE, optimizer)):
+        if obj is not None and not read.is_split(name, files):
             live[name] = obj.state_dict()
     return live
 
@@ -78,7 +78,7 @@ def load(path_or_run_dir: os.PathLike | str, model: Any = None, *, optimizer: An
     on_cpu = map_location in (None, "cpu", torch.device("cpu"))
     live: dict[str, Any] = {}
     if manifest.sharded:  # a DCP set: load it in this one process (resharded to full tensors)
-        info, _ = ckpt.read_checkpoint(p, names=[])
+        info, _ = read.read_checkpoint(p, names=[])
         if model is not None and (optimizer is not None or strict):
             sharded_module().load(info.path, model, optimizer)
             return LoadResult(info.path, info.manifest, model.state_dict(), [], [])
@@ -88,16 +88,16 @@ def load(path_or_run_dir: os.PathLike | str, model: Any = None, *, optimizer: An
         # As a restore does: members whose structure is the live state's are copied straight into
         # it (checkpoint.load_file), one copy instead of torch.load's and load_state_dict's.
         live = _live_states(model, optimizer, manifest.files) if on_cpu else {}
-        info, files = ckpt.read_checkpoint(p, model_only=optimizer is None, into=live)
-        sd = files[ckpt.MODEL_FILE]
+        info, files = read.read_checkpoint(p, model_only=optimizer is None, into=live)
+        sd = files[rundir.MODEL_FILE]
     if not on_cpu:
         sd = {k: v.to(map_location) if isinstance(v, torch.Tensor) else v for k, v in sd.items()}
     missing: list[str] = []
     unexpected: list[str] = []
-    if model is not None and sd is not live.get(ckpt.MODEL_FILE):   # else: already in the model
+    if model is not None and sd is not live.get(rundir.MODEL_FILE):   # else: already in the model
         res = model.load_state_dict(sd, strict=strict)
         missing, unexpected = list(res.missing_keys), list(res.unexpected_keys)
-    opt_sd = files.get(ckpt.OPTIMIZER_FILE)
-    if optimizer is not None and opt_sd is not None and opt_sd is not live.get(ckpt.OPTIMIZER_FILE):
+    opt_sd = files.get(rundir.OPTIMIZER_FILE)
+    if optimizer is not None and opt_sd is not None and opt_sd is not live.get(rundir.OPTIMIZER_FILE):
         optimizer.load_state_dict(opt_sd)
     return LoadResult(info.path, info.manifest, sd, missing, unexpected)

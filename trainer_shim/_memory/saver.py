@@ -4,7 +4,7 @@
 preallocated buffers are the slot's mapped tensors) and returns; one writer THREAD (not a
 forked process: no copy-on-write cost after a restore) hashes the slot, writes its manifest
 (now it is a complete memory snapshot) and persists it to checkpoints/ with the one commit
-protocol of a synchronous save (saving.save_snapshot: decide, copy each rank's share from its
+protocol of a synchronous save (saving.save_capture: decide, copy each rank's share from its
 slot, commit, `latest`, index, rotation; N ranks over a gloo group of the writers' own). At
 most one save is in flight:
 
@@ -34,21 +34,22 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from . import checkpoint as ckpt
-from .._process import distributed
-from . import saving, snapshot_store
+from .._session import distributed
+from .._disk import save as saving
 from .. import rundir
-from .engine import Trained
-from .._process.messages import say
+from .._session.engine import Trained
+from .._session.messages import say
 from ..errors import CollectiveTimeout
 from .late_copy import LateCopy
-from .memory_snapshot import SlotError, Slots
-from .slot_restore import SlotRestore
-from .snapshot_hasher import EVERY_FIELD, SKIPPED_FIELD, SnapshotHasher
+from .slots import SlotError, Slots, disown_slots, own_slots
+from .._restore.from_memory import SlotRestore
+from .hasher import EVERY_FIELD, SKIPPED_FIELD, SnapshotHasher
 from .._policies.memory_interval import AutoMemory
 from .._policies.save_interval import AUTO, mtbf_for
 from .writer import serve, stop
 from ..rundir import CheckpointInfo, CheckpointKind, Event, InvalidCheckpoint
+from .._disk import members
+from .._state import capture
 
 DRAIN_GRACE = 30.0  # seconds finish()/SIGTERM/exceptions wait for an in-flight save
 
@@ -56,7 +57,7 @@ DRAIN_GRACE = 30.0  # seconds finish()/SIGTERM/exceptions wait for an in-flight 
 @dataclasses.dataclass
 class _Job:
     slot: int
-    snap: ckpt.Snapshot          # metadata only (files={}): the state is already in the slot
+    cap: capture.Capture          # metadata only (files={}): the state is already in the slot
     persist: bool                # write it to checkpoints/ after finalizing
     finalized: bool = False      # the slot already has its manifest (a restored one)
     staged: bool = False         # its big tensors still wait in the staging buffers
@@ -87,13 +88,13 @@ class FastSaver(SlotRestore, SnapshotHasher):
         for path, why in self.slots.prepare():  # SlotError: the caller turns fast saves off
             say(f"warning: memory snapshot {path} not trusted ({why}); replaced")
             run.engine.event(Event.CHECKPOINT_REJECTED, path=str(path), reason=f"memory snapshot not trusted: {why}")
-        snapshot_store.own(run.rd, run.rank if self.world > 1 else 0)
+        own_slots(run.rd, run.rank if self.world > 1 else 0)
         self._cv = threading.Condition()
         # memory snapshots copy the optimizer's tensors on the hasher while the next step computes
         self.late = LateCopy(self._cv, run.optimizer) if memory_every and LateCopy.usable(run.optimizer, self.world) \
             else None
         self._job: Optional[_Job] = None
-        self._hashing: Optional[tuple[int, ckpt.Snapshot, float]] = None  # (slot, snapshot, its copy's stall)
+        self._hashing: Optional[tuple[int, capture.Capture, float]] = None  # (slot, snapshot, its copy's stall)
         self.skipped = 0
         if memory_every:
             run.engine.hb.fields[SKIPPED_FIELD] = 0  # present from the start: beats never see the dict grow
@@ -162,23 +163,23 @@ class FastSaver(SlotRestore, SnapshotHasher):
             while self._job is not None or self._hashing is not None:  # one in flight: a due disk save waits
                 self._cv.wait()
             idx = self.slots.target(set())
-        snap = self._fill(idx, kind, staged=True) if idx is not None else None
-        ok = snap is not None
+        cap = self._fill(idx, kind, staged=True) if idx is not None else None
+        ok = cap is not None
         if self.world > 1:  # every rank's writer takes part in the commit, or none does
             ok = not run.engine.group.agree(not ok, False)[0]
-        if not ok or snap is None:
+        if not ok or cap is None:
             self.save_now(kind)  # a slot failed (e.g. /dev/shm full): save synchronously instead
             return
-        self._submit(_Job(idx, snap, persist=True, staged=True))
+        self._submit(_Job(idx, cap, persist=True, staged=True))
 
     def _busy(self) -> set[int]:
         return ({self._job.slot} if self._job is not None else set()) | \
                ({self._hashing[0]} if self._hashing is not None else set())
 
     def _fill(self, idx: int, kind: CheckpointKind, staged: bool = False,
-              protected: Optional[set[int]] = None) -> Optional[ckpt.Snapshot]:
+              protected: Optional[set[int]] = None) -> Optional[capture.Capture]:
         run = self.run
-        full = saving.snapshot(run, kind, True)
+        full = capture.capture(run, kind, True)
         with self._cv:
             self.slots.filling(idx)
         try:
@@ -222,12 +223,12 @@ class FastSaver(SlotRestore, SnapshotHasher):
         atexit.unregister(self.drain)
         if free:
             self.slots.free()
-            snapshot_store.disown(self.run.rd, self.run.rank if self.world > 1 else 0)
+            disown_slots(self.run.rd, self.run.rank if self.world > 1 else 0)
 
     def persist_restored(self, info: CheckpointInfo) -> None:
         """SlotRestore.loaded(): the restored slot is not on disk yet: the writer persists it."""
         m = info.manifest
-        self._submit(_Job(self.slots.newest, ckpt.Snapshot({}, info.step, m.epoch,  # type: ignore[arg-type]
+        self._submit(_Job(self.slots.newest, capture.Capture({}, info.step, m.epoch,  # type: ignore[arg-type]
                           m.batch_in_epoch, m.kind, m.loss, background=True),
                           persist=True, finalized=True))
 
@@ -241,9 +242,9 @@ class FastSaver(SlotRestore, SnapshotHasher):
             self._run_job(job)
         except CollectiveTimeout as e:  # a peer's writer is gone: this process must end too
             self._fatal = e
-            self._fail(job.snap.global_step, str(e))
+            self._fail(job.cap.global_step, str(e))
         except BaseException as e:  # never let the writer die silently
-            self._fail(job.snap.global_step, f"{type(e).__name__}: {e}")
+            self._fail(job.cap.global_step, f"{type(e).__name__}: {e}")
 
     def _job_done(self) -> None:
         self._job = None
@@ -258,38 +259,38 @@ class FastSaver(SlotRestore, SnapshotHasher):
         if job.finalized:
             info = rundir.inspect_checkpoint(slot.path)
         else:
-            info = CheckpointInfo(slot.path, slot.finalize(job.snap, self.meta, self.world))
+            info = CheckpointInfo(slot.path, slot.finalize(job.cap, self.meta, self.world))
             with self._cv:
                 self.slots.done(job.slot)
         if job.persist:
             self._persist(job, info)
 
     def _persist(self, job: _Job, info: CheckpointInfo) -> None:
-        """The one commit protocol (saving.save_snapshot: the same decisions as a synchronous save,
+        """The one commit protocol (saving.save_capture: the same decisions as a synchronous save,
         e.g. an epoch-end save supersedes the step save of its step; the fallback root), each rank
         copying its share from its slot; the slot's manifest has the digests: nothing is hashed
         twice. N ranks commit together over the writers' group; one process over its no-op group."""
         run = self.run
 
-        def copy(run: Trained, tmp: Path, snap: ckpt.Snapshot) -> saving.Report:
+        def copy(run: Trained, tmp: Path, cap: capture.Capture) -> saving.Report:
             mine: dict[str, tuple[int, str]] = {}
             try:
                 for rel, ent in sorted(info.manifest.files.items()):
-                    size = snapshot_store.copy_member(rundir.safe_member(info.path, rel), tmp / rel, run.engine.on_progress)
+                    size = rundir.commit.copy_member(rundir.safe_member(info.path, rel), tmp / rel, run.engine.on_progress)
                     mine[rel] = (size, ent.xxh3_128)
             except OSError as e:
-                return mine, f"rank {run.rank}: cannot write {tmp}: {ckpt.describe_os_error(e)}", set()
+                return mine, f"rank {run.rank}: cannot write {tmp}: {members.describe_os_error(e)}", set()
             except InvalidCheckpoint as e:  # still a report: the other ranks' writers wait for it
                 return mine, f"rank {run.rank}: {e}", set()
             return mine, None, set()
 
-        outcome = saving.save_snapshot(run, job.snap, self.wgroup, copy)
+        outcome = saving.save_capture(run, job.cap, self.wgroup, copy)
         if outcome.error is not None:  # each root's failure is an event already (background: true)
-            self._fail(job.snap.global_step, outcome.error, event=False)
+            self._fail(job.cap.global_step, outcome.error, event=False)
         elif outcome.committed:
             run.engine.last_size = outcome.nbytes
-            run.checkpoint_step = job.snap.global_step
-            run.engine.hb.fields["checkpoint_step"] = job.snap.global_step
+            run.checkpoint_step = job.cap.global_step
+            run.engine.hb.fields["checkpoint_step"] = job.cap.global_step
 
     def _fail(self, step: int, error: str, event: bool = True) -> None:
         path = self.run.rd.checkpoints / rundir.checkpoint_name(step)
@@ -324,8 +325,8 @@ def make(run: Trained, save_now: Callable[[CheckpointKind], Any], async_save: bo
         say(f"warning: memory snapshots off: {e}; this run saves synchronously")
         run.engine.event(Event.CHECKPOINT_REJECTED, path=str(e.path), reason=f"memory snapshot not trusted: {e}")
         try:  # our own other slot: to disk if it is newer, then gone
-            snapshot_store.persist_newest(run.rd)
+            rundir.persist_newest(run.rd)
         except (OSError, rundir.ContractError) as err:
             say(f"warning: cannot persist the memory snapshot: {err}")
-        snapshot_store.free(run.rd.root, run.rd.node)
+        rundir.free_slots(run.rd.root, run.rd.node)
         return None

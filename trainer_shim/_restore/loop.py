@@ -17,16 +17,18 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Optional, Protocol
 
-from . import checkpoint as ckpt
 from .._policies import provenance
-from . import landing, rng
+from . import landing
+from .._state import rng
 from .. import rundir
-from .engine import Trained
-from .._process.messages import say
+from .._session.engine import Trained
+from .._session.messages import say
 from ..errors import CheckpointError, WorldSizeMismatch
-from .loading import sharded_module
-from .raw_read import LiveStateChanged
+from .._state.capture import sharded_module
+from ..errors import LiveStateChanged
 from ..rundir import EXIT_CRASH, EXIT_REFUSED, Event
+from . import read
+from .._state import capture
 
 __all__ = ["restore", "reject", "apply", "Candidate", "MemorySource"]
 
@@ -188,16 +190,16 @@ def _load_members(run: Trained, path: Path, verify: bool) -> tuple[rundir.Checkp
     reshard = hm.world_size != run.world_size
     if reshard:
         _refuse_world_size(run, hm)
-    if ckpt.TRAINER_FILE in hm.files:  # written by one process
-        mine = ckpt.TRAINER_FILE
+    if rundir.TRAINER_FILE in hm.files:  # written by one process
+        mine = rundir.TRAINER_FILE
     else:  # per-rank state; a rank the old world did not have continues from rank 0's
-        mine = ckpt.rank_file(run.rank if run.rank < hm.world_size else 0)
-    names = [mine] if hm.sharded else [ckpt.MODEL_FILE, ckpt.OPTIMIZER_FILE, mine]
+        mine = capture.rank_file(run.rank if run.rank < hm.world_size else 0)
+    names = [mine] if hm.sharded else [rundir.MODEL_FILE, rundir.OPTIMIZER_FILE, mine]
     # Live state dicts: a memory snapshot's tensors are copied straight into them (no unpickling).
     live = {} if hm.sharded else {
-        ckpt.MODEL_FILE: run.model.state_dict() if run.model is not None else None,
-        ckpt.OPTIMIZER_FILE: run.optimizer.state_dict() if run.optimizer is not None else None}
-    info, files = ckpt.read_checkpoint(path, names=names, verify=verify, into=live)
+        rundir.MODEL_FILE: run.model.state_dict() if run.model is not None else None,
+        rundir.OPTIMIZER_FILE: run.optimizer.state_dict() if run.optimizer is not None else None}
+    info, files = read.read_checkpoint(path, names=names, verify=verify, into=live)
     tr = files.get(mine)
     if not isinstance(tr, dict) or "rng" not in tr:
         raise CheckpointError(f"{mine} lacks trainer state")
@@ -208,12 +210,12 @@ def _load_members(run: Trained, path: Path, verify: bool) -> tuple[rundir.Checkp
                          group=run.engine.group.group)
         run.engine.dirty = False  # DCP initialises a fresh optimizer's state with a zero-lr step
     elif run.model is not None:
-        if ckpt.MODEL_FILE not in files:
-            raise CheckpointError(f"{ckpt.MODEL_FILE} missing")
-        if files[ckpt.MODEL_FILE] is not live[ckpt.MODEL_FILE]:  # else: already copied in place
-            run.model.load_state_dict(files[ckpt.MODEL_FILE])
-    if run.optimizer is not None and ckpt.OPTIMIZER_FILE in files:
-        run.optimizer.load_state_dict(files[ckpt.OPTIMIZER_FILE])
+        if rundir.MODEL_FILE not in files:
+            raise CheckpointError(f"{rundir.MODEL_FILE} missing")
+        if files[rundir.MODEL_FILE] is not live[rundir.MODEL_FILE]:  # else: already copied in place
+            run.model.load_state_dict(files[rundir.MODEL_FILE])
+    if run.optimizer is not None and rundir.OPTIMIZER_FILE in files:
+        run.optimizer.load_state_dict(files[rundir.OPTIMIZER_FILE])
     for obj, key in ((run.scheduler, "scheduler"), (run.scaler, "scaler")):
         if obj is not None and tr.get(key) is not None:
             obj.load_state_dict(tr[key])

@@ -9,10 +9,10 @@ from __future__ import annotations
 import time
 from typing import Any, Optional
 
-from . import checkpoint as ckpt
 from .late_copy import CHANGED_WHILE_COPIED
 from .writer import low_priority
 from ..rundir import CheckpointKind, Event
+from .._state import capture
 
 EVERY_FIELD = "memory_every_steps"  # heartbeat field: the memory snapshot interval in force ("auto")
 SKIPPED_FIELD = "memory_snapshots_skipped"  # heartbeat field: due snapshots skipped (previous one still hashing)
@@ -54,24 +54,24 @@ class SnapshotHasher:
                 self._skip()
                 return
         t0 = time.perf_counter()
-        snap = self._fill(idx, CheckpointKind.STEP, protected=self.late.protected() if self.late else None)
-        if snap is not None and self.late is not None:
+        cap = self._fill(idx, CheckpointKind.STEP, protected=self.late.protected() if self.late else None)
+        if cap is not None and self.late is not None:
             self.late.begin(self.slots.slots[idx])
-        if snap is not None and self.world > 1:
+        if cap is not None and self.world > 1:
             # N ranks hash on the training thread: a kill then finds every rank's slot of this
             # step complete, and the supervisor merges slots of one step only.
-            self._finalize_now(idx, snap)
-        elif snap is not None:
-            self._last_memory_step = snap.global_step
+            self._finalize_now(idx, cap)
+        elif cap is not None:
+            self._last_memory_step = cap.global_step
             with self._cv:
-                self._hashing = (idx, snap, time.perf_counter() - t0)
+                self._hashing = (idx, cap, time.perf_counter() - t0)
                 if self.auto_memory is not None:
                     self.auto_memory.snapshot_started()
                 self._cv.notify_all()
 
-    def _finalize_now(self, idx: int, snap: ckpt.Snapshot) -> None:
+    def _finalize_now(self, idx: int, cap: capture.Capture) -> None:
         try:
-            self.slots.slots[idx].finalize(snap, self.meta, self.world)
+            self.slots.slots[idx].finalize(cap, self.meta, self.world)
         except OSError as e:
             self._fail_slot(idx, e)
             return
@@ -97,22 +97,22 @@ class SnapshotHasher:
                     self._cv.wait()
                 if self._hashing is None:
                     return
-                idx, snap, stall = self._hashing
+                idx, cap, stall = self._hashing
             slot, ok, cpu0 = self.slots.slots[idx], False, time.thread_time()
             try:
                 if self.late is not None:
                     self.late.copy()
                 known = slot.hash_tensors()
                 if self.late is None or self.late.verdict(lambda: self._closed):
-                    slot.commit(snap, self.meta, self.world, known)
+                    slot.commit(cap, self.meta, self.world, known)
                     ok = True
                     self._hashed(slot, stall, time.thread_time() - cpu0)
                 else:
                     slot.invalidate()
-                    self._fail(snap.global_step, CHANGED_WHILE_COPIED)
+                    self._fail(cap.global_step, CHANGED_WHILE_COPIED)
             except BaseException as e:  # never let the hasher die silently; the slot stays incomplete
                 slot.invalidate()
-                self._fail(snap.global_step, f"memory snapshot: {type(e).__name__}: {e}")
+                self._fail(cap.global_step, f"memory snapshot: {type(e).__name__}: {e}")
             with self._cv:
                 if ok:
                     self.slots.done(idx)

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Optional
 
-from . import raw_tensors
+from .._disk import raw_tensors
 from .. import rundir
 
 _MAP_POPULATE: Optional[int] = getattr(mmap, "MAP_POPULATE", None)   # Linux (as are the slots)

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Optional, Protocol
 
 from .. import rundir
-from .._process.messages import say
+from .messages import say
 from ..rundir import Event
 
 __all__ = ["say", "Reporter", "Stream", "Engine", "Trained"]

@@ -9,9 +9,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Optional
 
-from . import landing, restoring, slot_maps, snapshot_store
+from . import landing, loop as restoring, slot_maps
 from .. import rundir
-from .._process.messages import say
+from .._session.messages import say
 from ..rundir import CheckpointInfo, InvalidCheckpoint
 
 
@@ -38,7 +38,7 @@ class SlotRestore:
         run = self.run
         disk = self._disk_pick(requested)
         disk_step = disk.step if disk is not None else -1
-        for info in snapshot_store.complete_slots(run.rd.root, run.rd.node,
+        for info in rundir.complete_slots(run.rd.root, run.rd.node,
                                                   on_reject=lambda p, r: restoring.reject(run, p, r)):
             same = disk is not None and info.step == disk.step and info.manifest.files == disk.manifest.files
             if info.step < disk_step or (info.step == disk_step and not same):
@@ -87,7 +87,7 @@ class SlotRestore:
         run = self.run
         if run.rank == 0:
             try:
-                done = snapshot_store.persist_newest(run.rd, on_reject=lambda p, r: restoring.reject(run, p, r))
+                done = rundir.persist_newest(run.rd, on_reject=lambda p, r: restoring.reject(run, p, r))
             except (OSError, rundir.ContractError) as e:
                 say(f"warning: cannot persist the memory snapshot: {e}")
                 done = None

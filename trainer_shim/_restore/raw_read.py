@@ -37,18 +37,14 @@ import xxhash
 
 from . import landing, slot_maps
 from .. import rundir
-from ..errors import CheckpointError
-from .raw_tensors import ALIGN, Entry, read_table, size_of
+from ..errors import CheckpointError, LiveStateChanged
+from .._disk.raw_tensors import ALIGN, Entry, read_table, size_of
 
 # Read, then hashed while still in cache: 1 MiB stays in this box's L2 beside the reader's other
 # data (4 MiB pieces did not, and the hash went back to RAM: 66-74 ms vs 60-68 ms for 384 MiB).
 _READ_CHUNK = 1 << 20
 _THREADS = 2  # readers; the box (and most trainers' spare) has few cores
 _MIN_THREAD_BYTES = 8 << 20  # below this per thread, starting one costs more than it saves
-
-
-class LiveStateChanged(CheckpointError):
-    """A tensor failed its digest (or a member was refused) after bytes had already reached live tensors."""
 
 
 def _fits(t: Any, e: Entry) -> bool:

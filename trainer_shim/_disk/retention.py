@@ -18,7 +18,7 @@ from typing import Callable, Iterable, Optional
 from . import rotation
 from .. import rundir
 from ..rundir import CheckpointKind
-from .._process.messages import say
+from .._session.messages import say
 
 __all__ = ["Retention", "free_bytes"]
 

@@ -19,21 +19,21 @@ from __future__ import annotations
 import dataclasses
 import enum
 import os
-import shutil
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from . import checkpoint as ckpt
-from . import data, rng
 from . import retention, rotation
 from .. import rundir
-from .engine import Trained
-from .._process.messages import say
+from .._session.engine import Trained
+from .._session.messages import say
 from ..errors import CheckpointError
-from .loading import sharded_module
+from .._state.capture import sharded_module
 from ..rundir import CheckpointKind
+from . import members
+from .._state import capture
 
-__all__ = ["Action", "Decision", "Outcome", "decide", "commit", "save", "save_snapshot", "no_emergency_reason", "find_existing", "reusable", "snapshot", "ensure_space"]
+__all__ = ["Action", "Decision", "Outcome", "decide", "commit", "save", "save_capture", "no_emergency_reason", "find_existing", "reusable",
+           "ensure_space"]
 
 
 class Action(str, enum.Enum):
@@ -60,8 +60,8 @@ class Outcome:
     retry_root: Optional[int] = None   # the write failed in one root: try this next one
 
 
-def _failed(run: Trained, root: Path, error: str, snap: ckpt.Snapshot) -> None:
-    run.engine.reporter.checkpoint_failed(root, snap.global_step, error, snap.background)
+def _failed(run: Trained, root: Path, error: str, cap: capture.Capture) -> None:
+    run.engine.reporter.checkpoint_failed(root, cap.global_step, error, cap.background)
 
 
 def find_existing(run: Trained, step: int) -> Optional[Path]:
@@ -115,36 +115,7 @@ def reusable(run: Trained, step: int, exact: bool, position: Optional[tuple[int,
     return None
 
 
-def snapshot(run: Trained, kind: CheckpointKind, exact: bool) -> ckpt.Snapshot:
-    """Collect state (CPU tensors by reference, device tensors copied); the write is synchronous."""
-    files: dict[str, Any] = {}
-    # Multi-rank: DDP replicas are identical, so each is written once, and by different ranks
-    # (model: rank 0, optimizer: the last rank) so the two biggest members are written in
-    # parallel. Sharded: every rank's shards go through DCP in the write itself.
-    single = run.engine.group.world_size == 1
-    if run.model is not None and not run.sharded and (single or run.rank == 0):
-        files[ckpt.MODEL_FILE] = ckpt.to_cpu(run.model.state_dict())
-    if run.optimizer is not None and not run.sharded and (single or run.rank == run.world_size - 1):
-        files[ckpt.OPTIMIZER_FILE] = ckpt.to_cpu(run.optimizer.state_dict())
-    stream = run.engine.stream.loader  # kept across epochs: a stateful loader's state matters at epoch ends too
-    trainer = {
-        "format": rundir.FORMAT_VERSION,
-        "global_step": run.global_step, "epoch": run.epoch, "batch_in_epoch": run.batch_in_epoch,
-        "loss": run.loss,
-        "scheduler": run.scheduler.state_dict() if run.scheduler is not None else None,
-        "scaler": run.scaler.state_dict() if run.scaler is not None else None,
-        "extra": {k: v.state_dict() for k, v in run.extra.items() if v is not None},
-        "state": ckpt.check_plain(run.state, "run.state"),
-        "rng": rng.capture(),
-        "epoch_rng": run.engine.stream.epoch_rng if run.batch_in_epoch > 0 else None,
-        "loader_state": stream.state_dict() if stream is not None and data.is_stateful(stream) else None,
-    }
-    files[ckpt.TRAINER_FILE if run.engine.group.world_size == 1 else ckpt.rank_file(run.rank)] = ckpt.to_cpu(trainer)
-    return ckpt.Snapshot(files, run.global_step, run.epoch, run.batch_in_epoch, kind, run.loss, exact,
-                         sharded=run.sharded)
-
-
-def ensure_space(run: Trained, root: Path, snap: ckpt.Snapshot) -> bool:
+def ensure_space(run: Trained, root: Path, cap: capture.Capture) -> bool:
     """Free space >= 1.2 x last checkpoint + min_free_bytes, rotating first if that makes room."""
     need = int(1.2 * run.engine.last_size) + int(run.options.min_free_bytes or 0)
     if need <= 0:
@@ -152,59 +123,55 @@ def ensure_space(run: Trained, root: Path, snap: ckpt.Snapshot) -> bool:
     free = retention.free_bytes(root)
     if free is None or free >= need:
         return True
-    name = rundir.checkpoint_name(snap.global_step)
-    run.engine.retention.rotate(placeholder=rotation.Entry(name, snap.global_step, snap.kind, snap.loss, snap.exact))
+    name = rundir.checkpoint_name(cap.global_step)
+    run.engine.retention.rotate(placeholder=rotation.Entry(name, cap.global_step, cap.kind, cap.loss, cap.exact))
     free = retention.free_bytes(root)
     if free is None or free >= need:
         return True
-    _failed(run, root, f"no_space: need {need} bytes free, have {free}", snap)
+    _failed(run, root, f"no_space: need {need} bytes free, have {free}", cap)
     return False
 
 
-def decide(run: Trained, snap: ckpt.Snapshot, start: int = 0) -> Decision:
-    """rank 0: keep an existing checkpoint at the snapshot's step, or create the temporary dir in
+def decide(run: Trained, cap: capture.Capture, start: int = 0) -> Decision:
+    """rank 0: keep an existing checkpoint at the capture's step, or create the temporary dir in
     the first root (from `start` on) that can take it."""
-    step = snap.global_step
-    existing = reusable(run, step, snap.exact, (snap.epoch, snap.batch_in_epoch)) if start == 0 else None
+    step = cap.global_step
+    existing = reusable(run, step, cap.exact, (cap.epoch, cap.batch_in_epoch)) if start == 0 else None
     if existing is not None:
-        run.engine.retention.upgrade_kind(existing, snap.kind)
+        run.engine.retention.upgrade_kind(existing, cap.kind)
         return Decision(Action.EXISTS, existing)
     name = rundir.checkpoint_name(step)
-    probe = dataclasses.replace(snap, files={})
+    probe = dataclasses.replace(cap, files={})
     roots = run.search_dirs
     for index in range(start, len(roots)):
         root = roots[index]
         if not ensure_space(run, root, probe):
             continue
-        tmp = rundir.commit.tmp_dir(root, name)
         try:
-            root.mkdir(mode=rundir.RUN_DIR_MODE, parents=True, exist_ok=True)
-            if tmp.exists():
-                shutil.rmtree(tmp)
-            tmp.mkdir(mode=rundir.RUN_DIR_MODE)
+            draft = rundir.commit.Draft.open(root, name)
         except OSError as e:
-            _failed(run, root, f"cannot create {tmp}: {e.strerror or e}", snap)
+            _failed(run, root, f"cannot create {rundir.commit.tmp_dir(root, name)}: {e.strerror or e}", cap)
             continue
-        return Decision(Action.WRITE, tmp, index)
+        return Decision(Action.WRITE, draft.path, index)
     return Decision(Action.NONE)
 
 
 Report = tuple[dict[str, tuple[int, str]], Optional[str], set[str]]
-Writer = Callable[["Trained", Path, ckpt.Snapshot], Report]
+Writer = Callable[["Trained", Path, capture.Capture], Report]
 
 
-def _write_mine(run: Trained, tmp: Path, snap: ckpt.Snapshot) -> Report:
+def _write_mine(run: Trained, tmp: Path, cap: capture.Capture) -> Report:
     """This rank's members (and DCP shards): ({file: (size, digest)}, error, files DCP's metadata names)."""
     mine: dict[str, tuple[int, str]] = {}
     err: Optional[str] = None
     written = 0
     try:
-        for fname, obj in snap.files.items():
+        for fname, obj in cap.files.items():
             base = written
-            mine[fname] = ckpt.write_member(tmp, fname, obj, lambda n: run.engine.on_progress(base + n))
+            mine[fname] = members.write_member(tmp, fname, obj, lambda n: run.engine.on_progress(base + n))
             written += mine[fname][0]
     except OSError as e:
-        err = f"{_who(run)}cannot write {tmp / fname}: {ckpt.describe_os_error(e)}"
+        err = f"{_who(run)}cannot write {tmp / fname}: {members.describe_os_error(e)}"
     except RuntimeError as e:
         err = f"{_who(run)}{type(e).__name__}: {e}"
     referenced: set[str] = set()
@@ -224,7 +191,7 @@ def _who(run: Trained) -> str:
     return f"rank {run.rank}: " if run.engine.group.world_size > 1 else ""
 
 
-def _finish(run: Trained, decision: Decision, snap: ckpt.Snapshot, reports: list, referenced: set[str]) -> Outcome:
+def _finish(run: Trained, decision: Decision, cap: capture.Capture, reports: list, referenced: set[str]) -> Outcome:
     """rank 0: commit what every rank reported, or discard the temporary dir (and say where to retry)."""
     tmp = decision.path
     assert tmp is not None
@@ -235,57 +202,59 @@ def _finish(run: Trained, decision: Decision, snap: ckpt.Snapshot, reports: list
     lost = sorted(referenced - set(files))
     if lost and not errs:  # DCP's metadata names shards no rank reported writing
         errs.append(f"shards missing from every rank's report: {', '.join(lost[:5])}")
+    draft = rundir.commit.Draft(tmp.parent, rundir.checkpoint_name(cap.global_step))
     if not errs:
         try:
-            final, manifest = ckpt.commit_members(tmp.parent, tmp, snap, files, world_size=run.engine.group.world_size,
-                                                  meta=run.engine.provenance)
-            run.engine.retention.committed_step = snap.global_step  # before rotating: the resumed one may go now
+            manifest = members.commit_members(draft, cap, files, world_size=run.engine.group.world_size,
+                                              meta=run.engine.provenance)
+            final = draft.final
+            run.engine.retention.committed_step = cap.global_step  # before rotating: the resumed one may go now
             run.engine.retention.add(final, manifest)
             run.engine.retention.rotate()
             return Outcome(final, committed=True, nbytes=sum(sz for sz, _ in files.values()))
         except CheckpointError as e:
             errs.append(str(e))
-    shutil.rmtree(tmp, ignore_errors=True)
+    draft.discard()
     # What got written before the failure is a lower bound of the next one's size (free-space check).
     run.engine.last_size = max(run.engine.last_size, run.engine.hb.save_bytes)
-    _failed(run, tmp.parent, "; ".join(errs), snap)
+    _failed(run, tmp.parent, "; ".join(errs), cap)
     more = decision.root + 1 < len(run.search_dirs)
     return Outcome(error="; ".join(errs), retry_root=decision.root + 1 if more else None)
 
 
-def commit(run: Trained, snap: ckpt.Snapshot, decision: Optional[Decision], group: Any = None,
+def commit(run: Trained, cap: capture.Capture, decision: Optional[Decision], group: Any = None,
            write: Optional[Writer] = None) -> Outcome:
     """Every rank: agree on rank 0's decision, write this rank's share, and learn the outcome.
 
     `group`: the run's shim group unless a background writer has its own; `write`: this rank's
-    members from `snap` unless they come from elsewhere (a memory slot)."""
+    members from `cap` unless they come from elsewhere (a memory slot)."""
     group = group or run.engine.group
-    group.barrier(f"checkpoint barrier at step {snap.global_step}")
+    group.barrier(f"checkpoint barrier at step {cap.global_step}")
     decision = group.broadcast(decision, "checkpoint decision")
     if decision.action is Action.EXISTS:
         return Outcome(decision.path)
     if decision.action is not Action.WRITE:
         return Outcome(error="no checkpoint root can take it")
     tmp = decision.path
-    mine, err, referenced = (write or _write_mine)(run, tmp, snap)
+    mine, err, referenced = (write or _write_mine)(run, tmp, cap)
     reports = group.all_gather((mine, err), "checkpoint file reports")
-    outcome = _finish(run, decision, snap, reports, referenced) if run.rank == 0 else None
+    outcome = _finish(run, decision, cap, reports, referenced) if run.rank == 0 else None
     return group.broadcast(outcome, "checkpoint outcome")
 
 
 def save(run: Trained, kind: CheckpointKind, exact: bool = True) -> Outcome:
     """Every rank, at the same step: the whole protocol, root after root until one takes it."""
-    return save_snapshot(run, snapshot(run, kind, exact))
+    return save_capture(run, capture.capture(run, kind, exact))
 
 
-def save_snapshot(run: Trained, snap: ckpt.Snapshot, group: Any = None, write: Optional[Writer] = None) -> Outcome:
-    """save() of a snapshot taken earlier (a background writer's: its step, not the run's now)."""
-    decision = decide(run, snap) if run.rank == 0 else None
+def save_capture(run: Trained, cap: capture.Capture, group: Any = None, write: Optional[Writer] = None) -> Outcome:
+    """save() of a capture taken earlier (a background writer's: its step, not the run's now)."""
+    decision = decide(run, cap) if run.rank == 0 else None
     while True:
-        outcome = commit(run, snap, decision, group, write)
+        outcome = commit(run, cap, decision, group, write)
         if outcome.retry_root is None:
             return outcome
-        decision = decide(run, snap, outcome.retry_root) if run.rank == 0 else None
+        decision = decide(run, cap, outcome.retry_root) if run.rank == 0 else None
 
 
 def no_emergency_reason(run: Trained) -> Optional[str]:
