@@ -1,14 +1,21 @@
-"""The public API shows itself: init()'s keywords are a real signature, and __all__ is what users import."""
+"""The public API shows itself: init()'s keywords are a real signature derived from the one declaration
+of the options, and __all__ is what users import."""
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
+import re
+import warnings
+from pathlib import Path
 
 import pytest
 
 import trainer_shim
+from trainer_shim._loop import options
 from trainer_shim._loop.options import Options
+
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def test_init_signature_lists_every_option_with_its_default() -> None:
@@ -21,15 +28,34 @@ def test_init_signature_lists_every_option_with_its_default() -> None:
         assert p.annotation is not inspect.Parameter.empty, name
 
 
-def test_help_shows_the_options() -> None:
+def test_help_shows_every_option_with_its_default_and_what_it_does() -> None:
     text = inspect.getdoc(trainer_shim.init) or ""
-    shown = str(inspect.signature(trainer_shim.init))
-    assert "save_every_steps: 'Optional[Union[int, str]]' = None" in shown and "keep_last: 'int' = 3" in shown
-    assert "save_every_steps" in text
+    for f in dataclasses.fields(Options):
+        assert f"    {f.name}={f.default!r}: {f.metadata['doc']}" in text.splitlines(), f.name
+    assert inspect.signature(trainer_shim.init).parameters["keep_last"].default == 3
+
+
+def test_the_options_are_declared_once() -> None:
+    """init() and Run take **options: the only list of option names is Options."""
+    for fn in (trainer_shim.init, trainer_shim.Run.__init__):
+        assert re.search(r"def \w+\((self, )?\*\*\w+: Any\)", inspect.getsource(fn)), fn
+    block = README.read_text().split("<!-- init-options:begin -->")[1].split("<!-- init-options:end -->")[0]
+    assert block.strip() == options.table()
+
+
+def test_save_every_steps_auto_still_works_with_a_deprecation_warning(tmp_path) -> None:
+    with pytest.warns(DeprecationWarning, match="save_every_seconds='auto'") as caught:
+        run = trainer_shim.init(save_every_steps="auto", run_dir=tmp_path)
+    assert caught[0].filename == __file__   # pointed at the caller's line
+    assert run.save_every_seconds is not None
+    run.finish()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        trainer_shim.init(save_every_seconds="auto", run_dir=tmp_path / "b").finish()
 
 
 def test_a_bad_option_is_a_type_error_like_any_function(tmp_path) -> None:
-    with pytest.raises(TypeError, match="keep_lsat"):
+    with pytest.raises(TypeError, match="unknown option 'keep_lsat'; did you mean 'keep_last'"):
         trainer_shim.init(keep_lsat=2, run_dir=tmp_path)  # type: ignore[call-arg]
     with pytest.raises(TypeError):
         trainer_shim.init(None)  # type: ignore[misc]  # keywords only
@@ -40,5 +66,13 @@ def test_all_is_importable_and_curated() -> None:
     for name in trainer_shim.__all__:
         assert getattr(trainer_shim, name) is not None, name
     assert {"init", "load", "Run", "ShimError", "CheckpointError"} <= set(trainer_shim.__all__)
+    assert "rundir" not in trainer_shim.__all__ and trainer_shim.rundir.RunDir  # importable for tools
     assert not any(n.startswith("_") for n in trainer_shim.__all__)
     exec("from trainer_shim import *", {})
+
+
+def test_every_exception_a_user_can_meet_is_exported() -> None:
+    from trainer_shim import errors
+
+    raised = {name for name, obj in vars(errors).items() if isinstance(obj, type) and issubclass(obj, Exception)}
+    assert raised <= set(trainer_shim.__all__)

@@ -1,8 +1,6 @@
-"""Step-boundary probes: the cheap "state changed after run.step()" warning, the first-step event,
-and (doctor mode, `$RESILIENT_DOCTOR`) per-step digests of every state component plus injected faults.
-
-Run calls three hooks: `on_step` at the end of run.step(), `on_batch` before a training batch is
-handed out, `on_epoch_end` after the epoch-end checkpoint. Everything expensive is doctor-only.
+"""Doctor mode (`$RESILIENT_DOCTOR`): per-step digests of every state component plus injected
+faults, for the raw loop (Probe, over the step watch every run has: trainer_shim._session.watch)
+and the framework callbacks (DoctorLog, digest, state_digests). Loaded only in doctor mode.
 """
 
 from __future__ import annotations
@@ -21,8 +19,7 @@ import torch
 import xxhash
 
 from .._state import data
-from .. import rundir
-from .._session.messages import say
+from .._session.watch import StepWatch
 from ..errors import ShimError
 from ..rundir import EXIT_OK, FAULT_KILL, MARK_BATCH, MARK_STEP, Event, RunEnv
 
@@ -70,13 +67,6 @@ def digest(obj: Any) -> str:
     h = xxhash.xxh3_64()
     _feed(h, obj)
     return h.hexdigest()
-
-
-def _tensors(model: Any) -> tuple:
-    """Parameters and buffers, listed once: walking the module tree costs more than the sum itself."""
-    if not isinstance(model, torch.nn.Module):
-        return ()
-    return tuple(model.parameters()) + tuple(model.buffers())
 
 
 def _rng_kind(obj: Any) -> Optional[str]:
@@ -176,52 +166,21 @@ class DoctorLog:
         raise DoctorFault(f"resilient-run doctor: injected exception at step {step}")
 
 
-class Probe:
-    """Per-process step-boundary observer; `Probe.for_run(run)` reads doctor mode from the env."""
+class Probe(StepWatch):
+    """Doctor mode of a raw loop (`$RESILIENT_DOCTOR`): per-step digests of every state component,
+    the components changed between run.step() and the next batch, and the injected faults."""
 
-    def __init__(self, run: Any, doctor: Optional[DoctorLog]) -> None:
-        self.run = run
+    def __init__(self, run: Any, doctor: DoctorLog) -> None:
+        super().__init__(run)
         self.doctor = doctor
-        self.log = doctor.log if doctor else None
-        self.restored_time = rundir.now_iso()
-        self._first = True
-        self._ref_version: Optional[int] = None   # version sum at the last run.step()
-        self._ref_step: Optional[int] = None
-        self._ref_digests: Optional[dict] = None  # doctor: component digests at the last run.step()
-        self._warned = False
+        self._ref_digests: Optional[dict] = None  # component digests at the last run.step()
         self._batch_digest: Optional[str] = None
         self._extra_rngs: list[tuple[str, Any]] = []
         self._scanned_at = -1
-        self._watched: tuple = ()
-        self._watched_model: Any = None
-        self.num_epochs: Optional[int] = None  # set by run.epochs(n)
-        self._total_set_by: Optional[str] = None
-
-    @classmethod
-    def for_run(cls, run: Any) -> "Probe":
-        return cls(run, DoctorLog.from_env(run.env))
-
-    def _version_sum(self) -> int:
-        m = self.run.model
-        if m is not self._watched_model:
-            self._watched, self._watched_model = _tensors(m), m
-        return sum([t._version for t in self._watched])
-
-    # --- hooks --------------------------------------------------------------------------------
 
     def on_step(self) -> None:
+        super().on_step()
         run = self.run
-        if self._first:
-            self._first = False
-            if run.rank == 0:
-                rundir.append_event(run.rd, Event.FIRST_STEP, run.attempt, step=run.global_step,
-                                    restored_time=self.restored_time, pid=os.getpid(), **rundir.start_marks(run.init_time))
-                # For the next attempt's warm interpreter: the frameworks this one imported (rundir.warm).
-                rundir.record_frameworks(run.rd.frameworks, sys.modules, os.getpid(), os.getppid())
-        self._ref_step = run.global_step
-        self._ref_version = self._version_sum()
-        if self.doctor is None:
-            return
         comps = self._components()
         self._ref_digests = comps
         if self.doctor.step({"step": run.global_step, "loss": run.loss, "epoch": run.epoch,
@@ -230,14 +189,7 @@ class Probe:
             sys.exit(EXIT_OK)
 
     def on_batch(self, batch: Any) -> None:
-        if self._ref_step is not None and not self._warned and self.log is None:
-            if self._version_sum() != self._ref_version:
-                self._warned = True
-                say(f"model parameters or buffers changed after run.step() at step {self._ref_step} (before the "
-                     "next batch); a checkpoint taken at run.step() misses that change, so a resume is not exact. "
-                     "Call run.step() after the last change to training state in the loop body")
-        if self.log is None:
-            return
+        # No "changed after run.step()" warning: doctor reports the changed components instead.
         self._batch_digest = digest(batch)
         if self._ref_digests is not None:
             now = self._components()
@@ -248,32 +200,10 @@ class Probe:
                              "bn": self._has_batchnorm()})
         self._ref_digests = None
 
-    def set_total_steps(self, total: Optional[int], source: str = "integration") -> None:
-        """The run's length in optimizer steps, for `status` progress and ETA (heartbeat `total_steps`).
-
-        Integrations call this with HF `max_steps` / Lightning `estimated_stepping_batches`; it wins
-        over the `run.epochs(n)` x len(loader) estimate."""
-        if total is None or total <= 0:
-            return
-        self._total_set_by = source
-        self.run.engine.hb.fields["total_steps"] = int(total)
-
-    def on_stream(self, loader: Any) -> None:
-        """A training stream starts: with run.epochs(n) and a sized loader the length is known."""
-        if self._total_set_by == "integration" or not self.run.engine.stream.in_epochs or self.num_epochs is None:
-            return
-        try:
-            n = len(loader)
-        except TypeError:
-            return
-        self._total_set_by = "epochs"
-        self.run.engine.hb.fields["total_steps"] = self.num_epochs * n
-
     def on_epoch_end(self) -> None:
         # The epoch-end checkpoint captures whatever the epoch body did after its last run.step().
+        super().on_epoch_end()
         self._ref_digests = None
-        self._ref_step = None
-        self._ref_version = None
 
     # --- doctor internals ---------------------------------------------------------------------
 

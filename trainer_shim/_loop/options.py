@@ -1,51 +1,66 @@
-"""init() options, parsed and checked once, before anything touches the run dir (a bad option is
-a one-line ConfigError naming it)."""
+"""init() options: ONE declaration (`Options`: name, type, default and what it does) from which
+`trainer_shim.init()`'s keyword signature, its docstring and the README's option table are derived;
+parsed and checked once, before anything touches the run dir (a bad option is a one-line
+ConfigError naming it)."""
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import inspect
 import os
+import warnings
 from typing import Any, Mapping, Optional, Union
 
 from ..errors import ConfigError
 from .._state.capture import uses_dtensor
 from .._policies.save_interval import AUTO, DEFAULT_MTBF_HOURS
 
-__all__ = ["Options", "decide_sharded"]
+__all__ = ["Options", "UnknownOption", "decide_sharded", "signature", "docstring", "table"]
 
 PathLike = Union[str, "os.PathLike[str]"]
+
+# init(on_nonfinite=...): end the attempt unsaved, carry on, or leave the step uncounted.
+ON_NONFINITE_CHOICES = ("raise", "ignore", "skip")
+
+
+def _opt(default: Any, doc: str) -> Any:
+    return dataclasses.field(default=default, metadata={"doc": doc})
 
 
 @dataclasses.dataclass(frozen=True)
 class Options:
-    """Every keyword of `trainer_shim.init()` (README "Your training script" documents each)."""
+    """Every keyword of `trainer_shim.init()`, with what it does."""
 
-    model: Any = None
-    optimizer: Any = None
-    scheduler: Any = None
-    scaler: Any = None
-    extra: Optional[dict] = None
-    run_dir: Optional[PathLike] = None
-    save_every_steps: Optional[Union[int, str]] = None      # steps, or "auto" (= save_every_seconds="auto")
-    save_every_seconds: Optional[Union[float, str]] = None   # seconds, or "auto" (Young/Daly)
-    save_on_epoch_end: bool = True
-    keep_last: int = 3
-    keep_epochs: int = 10
-    keep_best: int = 1
-    fallback_dir: Optional[PathLike] = None
-    min_free_bytes: Optional[int] = None
-    heartbeat_interval: float = 1.0
-    resume_emergency: bool = False
-    collective_timeout: float = 300.0
-    sharded: Optional[bool] = None
-    allow_reshard: Optional[bool] = None
-    on_nonfinite: str = "raise"
-    resume: str = "auto"
-    strict_resume: bool = False
-    mtbf_hours: float = DEFAULT_MTBF_HOURS
-    async_save: bool = False
-    memory_every_steps: Optional[Union[int, str]] = None    # steps, or "auto" (_policies.memory_interval)
+    model: Any = _opt(None, "the model; a checkpoint holds its state_dict()")
+    optimizer: Any = _opt(None, "the optimizer (its state is checkpointed; it also tells whether weights "
+                                "moved after run.step())")
+    scheduler: Any = _opt(None, "an LR scheduler, checkpointed")
+    scaler: Any = _opt(None, "an AMP GradScaler, checkpointed")
+    extra: Optional[dict] = _opt(None, "name -> object with state_dict()/load_state_dict(), checkpointed")
+    run_dir: Optional[PathLike] = _opt(None, "the run dir; default $RESILIENT_RUN_DIR, else runs/<script stem>")
+    save_every_steps: Optional[int] = _opt(None, "a checkpoint every N optimizer steps")
+    save_every_seconds: Optional[Union[float, str]] = _opt(None, 'a checkpoint every N seconds, or "auto": '
+                                                                 'Young/Daly from the save cost and the MTBF')
+    save_on_epoch_end: bool = _opt(True, "a checkpoint at every epoch's end (run.epochs())")
+    keep_last: int = _opt(3, "rotation: the newest N step checkpoints are kept")
+    keep_epochs: int = _opt(10, "rotation: the newest N epoch-end checkpoints are kept")
+    keep_best: int = _opt(1, "rotation: the N of lowest loss are kept")
+    fallback_dir: Optional[PathLike] = _opt(None, "a second checkpoint root for when the run dir cannot take a save")
+    min_free_bytes: Optional[int] = _opt(None, "headroom kept free on the checkpoint disk")
+    heartbeat_interval: float = _opt(1.0, "seconds between heartbeats")
+    resume_emergency: bool = _opt(False, "also resume from inexact emergency checkpoints")
+    collective_timeout: float = _opt(300.0, "seconds a multi-rank collective of the shim may take")
+    sharded: Optional[bool] = _opt(None, "model/optimizer state through DCP (FSDP2/DTensor); None: detect")
+    allow_reshard: Optional[bool] = _opt(None, "resume a sharded checkpoint at another world size; None: "
+                                               "$RESILIENT_ALLOW_RESHARD")
+    on_nonfinite: str = _opt("raise", 'a NaN/inf loss: "raise" (end unsaved), "skip" (step uncounted) or "ignore"')
+    resume: Union[str, PathLike] = _opt("auto", 'standalone runs: "auto", "ask", "never" or a checkpoint path')
+    strict_resume: bool = _opt(False, "refuse a checkpoint written by other code or arguments (default: warn)")
+    mtbf_hours: float = _opt(DEFAULT_MTBF_HOURS, 'the "auto" intervals\' prior mean time between failures')
+    async_save: bool = _opt(False, "disk saves written by a background thread from a memory slot")
+    memory_every_steps: Optional[Union[int, str]] = _opt(None, 'a memory snapshot in /dev/shm every N steps, or '
+                                                               '"auto" (from its cost and the failure history)')
 
     def __post_init__(self) -> None:
         for name in ("save_every_steps", "memory_every_steps"):
@@ -58,6 +73,9 @@ class Options:
                               f"save_every_seconds={self.save_every_seconds!r} or give save_every_steps a number")
         if self.extra is not None and not isinstance(self.extra, dict):
             raise ConfigError("extra must be a dict of objects with state_dict()/load_state_dict()")
+        if self.on_nonfinite not in ON_NONFINITE_CHOICES:
+            raise ConfigError(f"on_nonfinite must be one of {', '.join(ON_NONFINITE_CHOICES)}, "
+                              f"got {self.on_nonfinite!r}")
 
     @property
     def step_interval(self) -> Optional[int]:
@@ -68,16 +86,51 @@ class Options:
     def seconds_interval(self) -> Optional[Union[float, str]]:
         return AUTO if self.save_every_steps == AUTO else self.save_every_seconds
 
+    def check_world(self, world_size: int) -> None:
+        if self.on_nonfinite == "skip" and world_size > 1:
+            # Ranks see different losses: a rank-local skip would put the ranks' step counters (and the
+            # collectives that agree on saves) out of step. "raise" ends the attempt on every rank.
+            raise ConfigError("on_nonfinite='skip' needs a single process; multi-rank runs use 'raise' or 'ignore'")
+
     @classmethod
     def parse(cls, kwargs: Mapping[str, Any]) -> "Options":
-        """The options of an init() call; an unknown keyword is a ConfigError with the closest name."""
+        """The options of an init() call; an unknown keyword is an UnknownOption naming the closest one."""
         known = [f.name for f in dataclasses.fields(cls)]
         for key in kwargs:
             if key not in known:
                 hint = difflib.get_close_matches(key, known, n=1)
-                raise ConfigError(f"init() got an unknown option {key!r}"
-                                  + (f"; did you mean {hint[0]!r}?" if hint else f"; options: {', '.join(known)}"))
+                raise UnknownOption(f"init() got an unknown option {key!r}"
+                                    + (f"; did you mean {hint[0]!r}?" if hint else f"; options: {', '.join(known)}"))
+        if kwargs.get("save_every_steps") == AUTO:
+            warnings.warn("save_every_steps='auto' is a time interval: use save_every_seconds='auto'",
+                          DeprecationWarning, stacklevel=4)   # the caller of init()
         return cls(**kwargs)
+
+
+class UnknownOption(ConfigError, TypeError):
+    """init() got a keyword it does not take: a TypeError as for any function, with the closest name."""
+
+
+def signature(return_annotation: Any) -> inspect.Signature:
+    """init()'s keyword-only signature, derived from `Options`."""
+    return inspect.Signature([inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default,
+                                                annotation=f.type) for f in dataclasses.fields(Options)],
+                             return_annotation=return_annotation)
+
+
+def docstring(summary: str) -> str:
+    """init()'s docstring: `summary`, then every option with its default and what it does."""
+    lines = [summary, "", "Options (keywords only):", ""]
+    for f in dataclasses.fields(Options):
+        lines.append(f"    {f.name}={f.default!r}: {f.metadata['doc']}")
+    return "\n".join(lines)
+
+
+def table() -> str:
+    """The README's option table (Markdown)."""
+    rows = ["| option | default | what it does |", "| --- | --- | --- |"]
+    rows += [f"| `{f.name}` | `{f.default!r}` | {f.metadata['doc']} |" for f in dataclasses.fields(Options)]
+    return "\n".join(rows)
 
 
 def decide_sharded(sharded: Optional[bool], model: Any) -> bool:

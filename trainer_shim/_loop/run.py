@@ -10,14 +10,13 @@ import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Optional, Union
+from typing import Any, Optional
 
 
-from .._memory import saver as async_save_mod
-from . import cursor, options, resume_prompt
+from . import options, resume_prompt
 from .._state import data, rng
 from .._session import distributed
-from .._policies import divergence, provenance, save_interval
+from .._policies import provenance, save_interval
 from .._restore import loop as restoring
 from .._disk import retention, save as saving
 from .. import rundir
@@ -26,14 +25,12 @@ from .._session.messages import say
 from ..errors import CollectiveTimeout, ConfigError
 from .._session.heartbeat import Heartbeat
 from .._session.hooks import ProcessHooks, record_exception
-from .._restore.load import LoadResult, load
-from .._insight.probe import Probe
+from .._session.watch import StepWatch
 from .._policies.provenance import script_path
-from .._policies.save_interval import DEFAULT_MTBF_HOURS
 from .._policies.save_time import SaveTimer
 from ..rundir import CheckpointKind, Phase
 
-__all__ = ["Run", "init", "load", "LoadResult"]
+__all__ = ["Run", "init"]
 
 class Run:
     """One training process's view of its run dir. Create it with `trainer_shim.init()`."""
@@ -42,11 +39,13 @@ class Run:
         self.init_time = rundir.now_iso()   # the report's start -> restore boundary (the first_step event)
         o = self.options = options.Options.parse(kwargs)
         self.launcher = rundir.LauncherEnv.from_environ(os.environ)
-        self.on_nonfinite = divergence.check_mode(o.on_nonfinite, self.launcher.world_size)
+        o.check_world(self.launcher.world_size)
+        self.on_nonfinite = o.on_nonfinite
         script = script_path()
         try:  # the product env, parsed once; a bad value is a one-line configuration error
             env = rundir.RunEnv.from_environ(os.environ)
-            rundir.check_shm_dir(os.environ)
+            if rundir.ENV_SHM_DIR in os.environ:  # where memory snapshot slots live: refused early if unusable
+                rundir.check_shm_dir(os.environ)
             root = o.run_dir or env.run_dir or Path("runs") / (script.stem if script else "interactive")
             root, self.env = resume_prompt.resolve(str(o.resume), Path(root).absolute(), env, say=say)
             self.rd = rundir.ensure_run_dir(Path(root).absolute(), env.node)
@@ -77,7 +76,10 @@ class Run:
         self._hooks = ProcessHooks().install(self.rd, self._on_exception, o.optimizer, self._on_optimizer_step)
         self._stop = self._hooks.stop
         provenance.attach(self, script, o.strict_resume)
-        eng.fast = async_save_mod.make(self, self._save, o.async_save, o.memory_every_steps)
+        if o.async_save or o.memory_every_steps:  # the memory room is loaded only when switched on
+            from .._memory import saver
+
+            eng.fast = saver.make(self, self._save, o.async_save, o.memory_every_steps)
         self._resume()
 
     def _resume(self) -> None:
@@ -93,7 +95,14 @@ class Run:
         self.engine.hb.write_now(step=self.global_step, epoch=self.epoch, loss=self.loss,
                            resumed_from=self.resumed_from, checkpoint_step=self.checkpoint_step)
         self.engine.hb.start()
-        self._probe = Probe.for_run(self)  # step-boundary checks; digests and faults in doctor mode
+        self._probe = self._watch()  # step-boundary checks; digests and faults in doctor mode
+
+    def _watch(self) -> StepWatch:
+        if self.env.doctor_log is None:
+            return StepWatch(self)
+        from .._insight.probe import DoctorLog, Probe   # doctor mode only
+
+        return Probe(self, DoctorLog.from_env(self.env))
 
     def _reset_position(self) -> None:
         """Where training stands (step 0 until a checkpoint is restored) and the data cursor."""
@@ -167,6 +176,8 @@ class Run:
         self.engine.stream.resume = None
         if resume is not None and resume["epoch"] == self.epoch and (
                 resume["batch_in_epoch"] > 0 or (resume.get("loader_state") is not None and data.is_stateful(loader))):
+            from . import cursor   # a resumed epoch only
+
             it, self.engine.stream.epoch_rng = cursor.resumed_iter(loader, resume)
             self._yielded = resume["batch_in_epoch"]
         else:
@@ -196,6 +207,8 @@ class Run:
         if loss is not None:
             value = loss if type(loss) is float else float(loss)
             if value - value != 0.0 and self.on_nonfinite != "ignore":  # NaN or +-inf: x - x is NaN for both
+                from .._policies import divergence   # only a non-finite loss needs it
+
                 if divergence.nonfinite(self, value):
                     return   # on_nonfinite="skip": the step is not counted
             self.loss = value
@@ -338,29 +351,13 @@ class Run:
             say(f"emergency checkpoint (inexact, not auto-resumed) at {path}")
 
 
-def init(*, model: Any = None, optimizer: Any = None, scheduler: Any = None, scaler: Any = None,
-         extra: Optional[dict] = None, run_dir: Optional[options.PathLike] = None,
-         save_every_steps: Optional[Union[int, str]] = None, save_every_seconds: Optional[Union[float, str]] = None,
-         save_on_epoch_end: bool = True, keep_last: int = 3, keep_epochs: int = 10, keep_best: int = 1,
-         fallback_dir: Optional[options.PathLike] = None, min_free_bytes: Optional[int] = None,
-         heartbeat_interval: float = 1.0, resume_emergency: bool = False, collective_timeout: float = 300.0,
-         sharded: Optional[bool] = None, allow_reshard: Optional[bool] = None, on_nonfinite: str = "raise",
-         resume: Union[str, options.PathLike] = "auto", strict_resume: bool = False,
-         mtbf_hours: float = DEFAULT_MTBF_HOURS,
-         async_save: bool = False, memory_every_steps: Optional[Union[int, str]] = None) -> Run:
-    """Create the Run: first heartbeat, then restore the requested or newest valid checkpoint.
+def init(**options: Any) -> Run:
+    return Run(**options)
 
-    model, optimizer, scheduler, scaler, extra: what a checkpoint holds (extra: name -> object with
-    state_dict()/load_state_dict()); run_dir: defaults to $RESILIENT_RUN_DIR or runs/<script>;
-    save_every_steps / save_every_seconds (seconds or "auto": Young/Daly; save_every_steps="auto" is the
-    same) / save_on_epoch_end: when to checkpoint; keep_last / keep_epochs / keep_best: rotation; fallback_dir: a second root when
-    the first cannot take a save; min_free_bytes: headroom kept free; heartbeat_interval: seconds
-    between beats; resume_emergency: also resume from inexact emergency checkpoints;
-    collective_timeout: seconds a multi-rank collective may take; sharded: DCP for FSDP2/DTensor
-    (None: detect); allow_reshard: resume a sharded checkpoint at another world size (None: env);
-    on_nonfinite: "raise", "skip" or "ignore" a NaN/inf loss; resume: "auto", "ask", "never" or a path;
-    strict_resume: refuse a checkpoint of other code/args; mtbf_hours: the "auto" interval's prior;
-    async_save / memory_every_steps (steps or "auto": from the snapshot's cost and the failure history):
-    background saves and /dev/shm snapshots.
-    """
-    return Run(**locals())
+
+# One declaration of the options (trainer_shim._loop.options.Options): the signature and the
+# docstring shown by help(), inspect and IDEs are derived from it, never retyped.
+init.__signature__ = options.signature(Run)  # type: ignore[attr-defined]
+init.__doc__ = options.docstring("""Create the Run: first heartbeat, then restore the requested or newest valid checkpoint.
+
+An unknown keyword is a TypeError (trainer_shim.ConfigError) naming the closest option.""")

@@ -27,22 +27,7 @@ from ..rundir import DIVERGED_ERROR_TYPE, EXIT_DIVERGED, Event
 from ..errors import ConfigError
 from .._session.hooks import write_error_record
 
-__all__ = ["DIVERGED_ERROR_TYPE", "ON_NONFINITE_CHOICES", "check_mode", "is_nonfinite", "nonfinite", "stop_diverged",
-           "note_skip"]
-
-# init(on_nonfinite=...): end the attempt unsaved, carry on, or leave the step uncounted.
-ON_NONFINITE_CHOICES = ("raise", "ignore", "skip")
-
-
-
-def check_mode(mode: str, world_size: int = 1) -> str:
-    if mode not in ON_NONFINITE_CHOICES:
-        raise ConfigError(f"on_nonfinite must be one of {', '.join(ON_NONFINITE_CHOICES)}, got {mode!r}")
-    if mode == "skip" and world_size > 1:
-        # Ranks see different losses: a rank-local skip would put the ranks' step counters (and the
-        # collectives that agree on saves) out of step. "raise" ends the attempt on every rank.
-        raise ConfigError("on_nonfinite='skip' needs a single process; multi-rank runs use 'raise' or 'ignore'")
-    return mode
+__all__ = ["DIVERGED_ERROR_TYPE", "is_nonfinite", "nonfinite", "stop_diverged", "note_skip"]
 
 
 def is_nonfinite(value: float) -> bool:

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Optional, Protocol
 
 from .._policies import provenance
-from . import landing
 from .._state import rng
 from .. import rundir
 from .._session.engine import Trained
@@ -80,7 +80,11 @@ def restore(run: Trained, memory: Optional[MemorySource] = None) -> None:
     try:
         _restore(run, requested, memory)
     finally:
-        landing.release()  # a standby's prefaulted region the restore did not take: not held any longer
+        # A warm standby's prefaulted region the restore did not take is not held any longer. Only a
+        # standby (trainer_shim._launch.warm) imports landing: without one there is nothing to release.
+        landing = sys.modules.get(f"{__package__}.landing")
+        if landing is not None:
+            landing.release()
 
 
 def _restore(run: Trained, requested: Optional[str], memory: Optional[MemorySource]) -> None:
