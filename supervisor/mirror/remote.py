@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -77,19 +76,13 @@ def list_remote(s3: S3, on_skip: Optional[OnSkip] = None) -> list[RemoteCheckpoi
 def download_checkpoint(s3: S3, rc: RemoteCheckpoint, ckpt_root: Path) -> Path:
     """Download `rc` into a temp dir of `ckpt_root`, every member checked against its manifest digest,
     then commit it there (manifest last, rename) like any local checkpoint. MirrorError if one differs."""
-    tmp = commit.fresh_tmp_dir(ckpt_root, rc.name)
-    try:
+    with commit.Draft.open(ckpt_root, rc.name) as draft:
         for rel, ent in rc.manifest.files.items():
-            dst = safe_member(tmp, rel)
+            dst = safe_member(draft.path, rel)
             dst.parent.mkdir(parents=True, exist_ok=True)
             if s3.download((rc.name, rel), dst) != ent.xxh3_128:
                 raise MirrorError(f"{s3.url.url(rc.name, rel)}: digest mismatch (corrupt object)")
-        final = Path(ckpt_root) / rc.name
-        commit.commit_dir(tmp, final, rc.manifest_bytes, repoint=rc.name.startswith(CKPT_PREFIX))
-        return final
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        return draft.commit(rc.manifest_bytes, repoint=rc.name.startswith(CKPT_PREFIX))
 
 
 def restore_newest(s3: S3, ckpt_root: Path, newer_than: Optional[int], on_skip: OnSkip,

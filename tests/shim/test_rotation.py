@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from trainer_shim import rundir
-from trainer_shim._disk.rotation import Entry, best_names, to_delete
+from trainer_shim.rundir.rotation import Entry, best_names, to_delete
 from trainer_shim.rundir import CheckpointKind as K
 
 from .helpers import committed, run_toy

@@ -5,7 +5,6 @@ last, rename, `latest`) is the contract's, torch-free: trainer_shim.rundir.commi
 
     members      member files written hashed and fsynced; commit_members (the manifest of every rank's)
     save         ONE save for 1..N ranks: decide the root, every rank writes its share, rank 0 commits
-    retention    index upkeep, rotation, background deletion
-    rotation     the pure retention policy: which checkpoints to delete
+    retention    index upkeep, rotation (its policy: trainer_shim.rundir.rotation), background deletion
     raw_tensors  the raw tensor layout of a split member (a memory snapshot's format, also on disk)
 """

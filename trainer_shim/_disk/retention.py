@@ -15,7 +15,7 @@ import threading
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
-from . import rotation
+from ..rundir import rotation
 from .. import rundir
 from ..rundir import CheckpointKind
 from .._session.messages import say
@@ -53,25 +53,7 @@ class Retention:
 
     def write_index(self, idx: dict) -> None:
         try:
-            idx = {n: e for n, e in idx.items() if isinstance(e, dict)}  # drop foreign junk
-            entries = []
-            for n, e in idx.items():
-                try:
-                    kind = CheckpointKind(e.get("kind", "step"))
-                except ValueError:
-                    kind = CheckpointKind.STEP
-                loss = e.get("loss") if isinstance(e.get("loss"), (int, float)) else None
-                entries.append(rotation.Entry(n, int(e.get("global_step") or 0), kind, loss,
-                                              kind is not CheckpointKind.EMERGENCY))
-            best = rotation.best_names(entries, self.keep_best)
-            for n in idx:
-                idx[n]["is_best"] = n in best
-            # Not fsynced while it names only the run dir's own checkpoints: selection trusts the dirs,
-            # never the index, and a lost update costs nothing (~4 fsyncs off every save). It must
-            # survive a power cut once it names a fallback dir: that is how checkpoint_roots finds it.
-            own = str(self.rd.checkpoints)
-            durable = any(os.path.dirname(str(e.get("dir", ""))) != own for e in idx.values())
-            rundir.atomic_write_json(self.rd.index, idx, durable=durable)
+            rundir.write_index(self.rd, idx, self.keep_best)
         except (OSError, TypeError, ValueError) as e:
             # The index is bookkeeping: losing an update must never stop training.
             say(f"warning: cannot write {self.rd.index}: {e}")

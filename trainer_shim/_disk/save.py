@@ -22,15 +22,14 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from . import retention, rotation
+from . import members, retention
 from .. import rundir
 from .._session.engine import Trained
 from .._session.messages import say
-from ..errors import CheckpointError
-from .._state.capture import sharded_module
-from ..rundir import CheckpointKind
-from . import members
 from .._state import capture
+from .._state.capture import sharded_module
+from ..errors import CheckpointError
+from ..rundir import CheckpointKind, rotation
 
 __all__ = ["Action", "Decision", "Outcome", "decide", "commit", "save", "save_capture", "no_emergency_reason", "find_existing", "reusable",
            "ensure_space"]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 import sys
 import time
 from collections.abc import Iterable, Iterator
@@ -85,8 +84,7 @@ class Run:
     def _resume(self) -> None:
         if self.engine.group.world_size == 1 or self.rank == 0:
             for d in self.search_dirs:
-                for t in rundir.tmp_dirs(d):  # abandoned writes of a killed attempt
-                    shutil.rmtree(t, ignore_errors=True)
+                rundir.commit.discard_abandoned(d)  # the writes a killed attempt left behind
         self.engine.group.barrier("startup barrier")  # rank 0 has cleaned up before anyone saves
         restoring.restore(self, self.engine.fast.before_restore() if self.engine.fast is not None else None)
         provenance.settle(self)   # every later manifest records it (a fresh start had no resume check)

@@ -9,4 +9,5 @@ Private: users rely only on what `trainer_shim` exports.
     hooks        the process hooks of one Run, installed and removed together
     messages     say: the shim's one stderr line
     signals      stop flag, stack dumps, fork tie, excepthook
+    watch        StepWatch: the first-step event, the "changed after run.step()" warning, total_steps
 """

@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import os
-import shutil
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -243,14 +242,14 @@ class _Resilient:
         """Lightning's own checkpoint (collective: global zero writes the file) into the temp dir."""
         s = self.session
         assert s is not None
-        tmp = rundir.commit.tmp_dir(s.rd.checkpoints, final.name)
+        draft = rundir.commit.Draft(s.rd.checkpoints, final.name)
         try:
             if trainer.is_global_zero:  # one rank prepares the dir; another would remove it under the writer
-                rundir.commit.fresh_tmp_dir(s.rd.checkpoints, final.name)
-            trainer.save_checkpoint(tmp / LIGHTNING_CKPT, weights_only=False)  # full state: optimizer, loops, loader
+                draft = rundir.commit.Draft.open(s.rd.checkpoints, final.name)
+            trainer.save_checkpoint(draft.path / LIGHTNING_CKPT, weights_only=False)  # full state: optimizer, loops, loader
             return True
         except OSError as e:
-            shutil.rmtree(tmp, ignore_errors=True)
+            draft.discard()
             s.save_failed(final, e, f"checkpoint at step {trainer.global_step} failed")
             return False
 
@@ -259,11 +258,11 @@ class _Resilient:
         handed to the writer thread (`_write_background`). The training stall is this copy alone."""
         s = self.session
         assert s is not None and self._background is not None
-        tmp = rundir.commit.fresh_tmp_dir(s.rd.checkpoints, final.name)
+        draft = rundir.commit.Draft.open(s.rd.checkpoints, final.name)
         try:
-            state = copy_checkpoint(self._background, trainer, tmp / LIGHTNING_CKPT)
+            state = copy_checkpoint(self._background, trainer, draft.path / LIGHTNING_CKPT)
         except OSError as e:  # only a synchronous fallback writes here (see copy_checkpoint)
-            shutil.rmtree(tmp, ignore_errors=True)
+            draft.discard()
             s.save_failed(final, e, f"checkpoint at step {pos.step} failed")
             return None
         self._saved_step = pos.step
@@ -279,11 +278,11 @@ class _Resilient:
         fsynced), then the synchronous save's commit; the heartbeat's checkpoint_step only after it."""
         s = self.session
         assert s is not None
-        tmp = rundir.commit.tmp_dir(s.rd.checkpoints, job.final.name)
+        draft = rundir.commit.Draft(s.rd.checkpoints, job.final.name)
         try:
-            size, digest = write_member(tmp, LIGHTNING_CKPT, job.state)
+            size, digest = write_member(draft.path, LIGHTNING_CKPT, job.state)
         except BaseException as e:  # a failed save, whatever the reason: training continues
-            shutil.rmtree(tmp, ignore_errors=True)
+            draft.discard()
             s.save_failed(job.final, e, f"background checkpoint at step {job.pos.step} failed", background=True)
             self._saved_step = None  # not saved after all: a final save at this step is still due
             return
@@ -297,13 +296,14 @@ class _Resilient:
         when it returned to training); else the temp dir is hashed here and the whole save timed."""
         s = self.session
         assert s is not None
-        tmp = rundir.commit.tmp_dir(s.rd.checkpoints, final.name)
+        draft = rundir.commit.Draft(s.rd.checkpoints, final.name)
         try:
-            manifest = Manifest.create(files if files is not None else rundir.commit.hash_tree(tmp), step=pos.step,
-                                       epoch=pos.epoch, batch_in_epoch=pos.batch, kind=kind, loss=pos.loss)
-            rundir.commit.commit_dir(tmp, final, manifest.to_bytes(), repoint=False)  # `latest`: s.committed
+            manifest = Manifest.create(files if files is not None else rundir.commit.hash_tree(draft.path),
+                                       step=pos.step, epoch=pos.epoch, batch_in_epoch=pos.batch, kind=kind,
+                                       loss=pos.loss)
+            draft.commit(manifest.to_bytes(), repoint=False)  # `latest`: s.committed
         except OSError as e:
-            shutil.rmtree(tmp, ignore_errors=True)
+            draft.discard()
             s.save_failed(final, e, f"checkpoint at step {pos.step} failed", **({"background": True} if files else {}))
             return None
         s.committed(final, manifest, rundir.checkpoint_roots(s.rd),

@@ -25,7 +25,8 @@ One module per idea:
     pending    a checkpoint the supervisor is still downloading (a new node's first attempt waits for it)
     commit     the one commit protocol (tmp dir, hashed members, manifest last, rename), discard
     writeback  a file flushed to disk in the background while it is written (the final fsync waits for the tail)
-    index      checkpoint_metadata.json, checkpoint search roots
+    index      checkpoint_metadata.json (its one writer), checkpoint search roots
+    rotation   the pure retention policy: which checkpoints to delete, which are the best
     frameworks HF Trainer / Lightning layouts: checkpoint-N dirs, extra roots, member names;
                auto-attach: the bootstrap dir, the callback options
     warm       warm restarts: the frameworks a trainer imported (for the next attempt's warm
@@ -106,9 +107,10 @@ _EXPORTS: dict[str, str] = {
         "CheckpointKind FileEntry Manifest digest_file commit_age inspect_checkpoint new_hasher "
         "safe_member verify_members"
     ),
-    "selection": "choose iter_checkpoint_dirs newest_valid repoint_latest",
+    "selection": "choose iter_checkpoint_dirs newest_valid",
+    "commit": "Draft repoint_latest",
     "pending": "DOWNLOAD_RECORD announce_download download_pending settle_download wait_for_download",
-    "index": "checkpoint_roots index_entry read_index",
+    "index": "add_to_index checkpoint_roots index_entry read_index write_index",
     "frameworks": (
         "ATTACH_DIR CALLBACK_OPTIONS HF_PREFIX LIGHTNING_CKPT ROOTS_FILE hf_checkpoint_name "
         "parse_callback_options parse_hf_checkpoint_name read_extra_roots record_extra_root "
@@ -129,9 +131,9 @@ _EXPORTS: dict[str, str] = {
 }
 
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names.split()}
-SUBMODULES = tuple(sorted(set(_EXPORTS) | {"commit", "writeback"}))
+SUBMODULES = tuple(sorted(set(_EXPORTS) | {"writeback", "rotation"}))
 
-__all__ = sorted(_WHERE) + ["commit"]
+__all__ = sorted(_WHERE) + ["commit"]   # the commit protocol is also used as a module
 
 
 def __getattr__(name: str) -> Any:

@@ -27,13 +27,12 @@ from typing import Any, BinaryIO, Optional
 
 from .atomic import atomic_write_bytes, exchange, fsync_dir
 from .errors import InvalidCheckpoint
-from .layout import RUN_DIR_MODE, TMP_PREFIX
+from .layout import LATEST, RUN_DIR_MODE, TMP_PREFIX, tmp_dirs
 from .manifest import MANIFEST_NAME, FileEntry, digest_file, new_hasher
-from .selection import repoint_latest
 from .writeback import Writeback
 
 __all__ = ["Draft", "HashingWriter", "tmp_dir", "fresh_tmp_dir", "hash_tree", "commit_dir", "commit_in_place",
-           "copy_member", "copy_verified", "write_new", "discard"]
+           "copy_member", "copy_verified", "write_new", "discard", "discard_abandoned", "repoint_latest"]
 
 # Writes are split so progress (the heartbeat's save_bytes) advances visibly during huge tensors.
 _CHUNK = 16 << 20
@@ -220,6 +219,24 @@ def commit_dir(tmp: Path, final: Path, manifest_bytes: bytes, *, repoint: bool) 
     fsync_dir(final.parent)
     if repoint:  # `latest` names something resumable; an emergency save is not
         repoint_latest(final.parent, final.name)
+
+
+def repoint_latest(ckpt_root: Path, name: str) -> None:
+    """Atomically swap `latest` to `name` (relative target, so the run dir can be moved)."""
+    tmp = ckpt_root / f"{TMP_PREFIX}latest-{os.getpid()}"
+    try:
+        os.unlink(tmp)
+    except FileNotFoundError:
+        pass
+    os.symlink(name, tmp)
+    os.replace(tmp, ckpt_root / LATEST)
+    fsync_dir(ckpt_root)
+
+
+def discard_abandoned(root: Path) -> None:
+    """Remove what killed writers left in `root` (temporary dirs, half-deleted trash); never a checkpoint."""
+    for t in tmp_dirs(root):
+        shutil.rmtree(t, ignore_errors=True)
 
 
 def commit_in_place(directory: Path, manifest_bytes: bytes) -> None:

@@ -11,13 +11,14 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from .atomic import read_json
+from .atomic import atomic_write_json, read_json
 from .errors import ContractError
 from .frameworks import read_extra_roots
 from .layout import RunDir
-from .manifest import Manifest
+from .manifest import CheckpointKind, Manifest
+from .rotation import Entry, best_names
 
-__all__ = ["index_entry", "read_index", "checkpoint_roots"]
+__all__ = ["index_entry", "read_index", "write_index", "add_to_index", "checkpoint_roots"]
 
 
 def index_entry(manifest: Manifest, *, is_best: bool, directory: Path) -> dict:
@@ -34,6 +35,36 @@ def read_index(run_dir: RunDir) -> dict:
     except ContractError:
         return {}
     return idx if isinstance(idx, dict) else {}
+
+
+def write_index(run_dir: RunDir, idx: dict, keep_best: int = 1) -> None:
+    """The one writer of the index: `is_best` marks the `keep_best` of lowest loss (the rotation
+    policy's rule); OSError/TypeError/ValueError propagate (the caller decides how much it matters)."""
+    idx = {n: e for n, e in idx.items() if isinstance(e, dict)}  # drop foreign junk
+    entries = []
+    for n, e in idx.items():
+        try:
+            kind = CheckpointKind(e.get("kind", "step"))
+        except ValueError:
+            kind = CheckpointKind.STEP
+        loss = e.get("loss") if isinstance(e.get("loss"), (int, float)) else None
+        entries.append(Entry(n, int(e.get("global_step") or 0), kind, loss, kind is not CheckpointKind.EMERGENCY))
+    best = best_names(entries, keep_best)
+    for n in idx:
+        idx[n]["is_best"] = n in best
+    # Not fsynced while it names only the run dir's own checkpoints: selection trusts the dirs,
+    # never the index, and a lost update costs nothing (~4 fsyncs off every save). It must
+    # survive a power cut once it names a fallback dir: that is how checkpoint_roots finds it.
+    own = str(run_dir.checkpoints)
+    durable = any(os.path.dirname(str(e.get("dir", ""))) != own for e in idx.values())
+    atomic_write_json(run_dir.index, idx, durable=durable)
+
+
+def add_to_index(run_dir: RunDir, path: Path, manifest: Manifest, keep_best: int = 1) -> None:
+    """Record a committed checkpoint in the index (rotation is the next save's business)."""
+    idx = read_index(run_dir)
+    idx[path.name] = index_entry(manifest, is_best=False, directory=path)
+    write_index(run_dir, idx, keep_best)
 
 
 def checkpoint_roots(run_dir: RunDir, extra: Iterable[Path] = ()) -> list[Path]:

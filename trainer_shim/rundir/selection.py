@@ -12,14 +12,13 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Optional
 
-from .atomic import fsync_dir
 from .env import RESUME_NONE
 from .errors import InvalidCheckpoint
-from .layout import LATEST, TMP_PREFIX, inside, parse_checkpoint_name
+from .layout import LATEST, inside, parse_checkpoint_name
 from .manifest import CheckpointInfo, inspect_checkpoint
 from .pending import wait_for_download
 
-__all__ = ["iter_checkpoint_dirs", "newest_valid", "choose", "repoint_latest"]
+__all__ = ["iter_checkpoint_dirs", "newest_valid", "choose"]
 
 OnReject = Callable[[Path, str], None]
 
@@ -122,15 +121,3 @@ def _check_latest_link(ckpt_root: Path, on_reject: Optional[OnReject], roots: It
         on_reject(link, f"latest points outside {ckpt_root} ({os.readlink(link)})")
     elif not target.exists():
         on_reject(link, f"latest points to missing {os.readlink(link)}")
-
-
-def repoint_latest(ckpt_root: Path, name: str) -> None:
-    """Atomically swap `latest` to `name` (relative target, so the run dir can be moved)."""
-    tmp = ckpt_root / f"{TMP_PREFIX}latest-{os.getpid()}"
-    try:
-        os.unlink(tmp)
-    except FileNotFoundError:
-        pass
-    os.symlink(name, tmp)
-    os.replace(tmp, ckpt_root / LATEST)
-    fsync_dir(ckpt_root)

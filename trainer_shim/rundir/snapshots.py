@@ -29,11 +29,10 @@ from typing import Optional
 
 import xxhash
 
-from .atomic import atomic_write_json
-from .commit import commit_dir, copy_verified, fresh_tmp_dir, tmp_dir
+from .commit import Draft, copy_verified
 from .env import DEFAULT_SHM_DIR, ENV_SHM_DIR, shm_dir
 from .errors import EnvError, InvalidCheckpoint
-from .index import checkpoint_roots, index_entry, read_index
+from .index import add_to_index, checkpoint_roots
 from .layout import RunDir, checkpoint_name
 from .manifest import MANIFEST_NAME, CheckpointInfo, FileEntry, Manifest, inspect_checkpoint, safe_member
 from .mounts import fs_type
@@ -200,27 +199,15 @@ def persist_slot(info: CheckpointInfo | list[CheckpointInfo], ckpt_root: Path,
     final = Path(ckpt_root) / name
     if final.exists():
         return None
-    tmp = tmp_dir(ckpt_root, name)
-    try:
-        fresh_tmp_dir(ckpt_root, name)
+    with Draft.open(ckpt_root, name) as draft:
         written = 0
         for one in infos:
             for rel, ent in sorted(one.manifest.files.items()):
-                written += copy_verified(safe_member(one.path, rel), tmp / rel, ent.xxh3_128, progress, written)
+                written += copy_verified(safe_member(one.path, rel), draft.path / rel, ent.xxh3_128, progress, written)
         # One slot: its own manifest bytes, unchanged; several: the merged manifest.
         raw = (infos[0].path / MANIFEST_NAME).read_bytes() if len(infos) == 1 else manifest.to_bytes()
-        commit_dir(tmp, final, raw, repoint=manifest.exact)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        draft.commit(raw, repoint=manifest.exact)
     return final
-
-
-def add_to_index(rd: RunDir, path: Path, manifest: Manifest) -> None:
-    """Record a checkpoint the trainer did not write itself (rotation is the next save's business)."""
-    idx = read_index(rd)
-    idx[path.name] = index_entry(manifest, is_best=False, directory=path)
-    atomic_write_json(rd.index, idx)
 
 
 def persist_newest(rd: RunDir, on_reject: Optional[Reject] = None) -> Optional[tuple[Path, Manifest]]:

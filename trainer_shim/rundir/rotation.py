@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Iterable
 from typing import Optional
 
-from ..rundir import CheckpointKind
+from .manifest import CheckpointKind
 
 
 @dataclasses.dataclass(frozen=True)
