@@ -13,25 +13,9 @@ import torch
 from .. import rundir
 from ..errors import CheckpointError
 from . import read
+from .._state.capture import sharded_module
 
-__all__ = ["LoadResult", "load", "sharded_module", "uses_dtensor"]
-
-
-def sharded_module() -> Any:
-    """The DCP module, imported on first use (it costs ~0.6 s and only sharded runs need it)."""
-    from .._state import sharded
-
-    return sharded
-
-
-def uses_dtensor(model: Any) -> bool:
-    """True when `model` holds DTensor parameters (FSDP2 `fully_shard`, tensor parallel), without
-    importing DCP: no DTensor exists unless its module is loaded. (Creating any torch optimizer
-    loads that module, so it is no sign of a sharded job; DCP itself costs ~0.3-0.6 s to import.)"""
-    dtensor = sys.modules.get("torch.distributed.tensor")
-    if model is None or dtensor is None:
-        return False
-    return any(isinstance(p, dtensor.DTensor) for p in model.parameters())
+__all__ = ["LoadResult", "load"]
 
 
 def _live_states(model: Any, optimizer: Any, files: dict[str, Any]) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from ..rundir.commit import HashingWriter
 from ..errors import CheckpointError
 from ..rundir import FileEntry
 
-__all__ = ["METADATA_FILE", "uses_dtensor", "save", "load", "full_model_state"]
+__all__ = ["METADATA_FILE", "save", "load", "full_model_state"]
 
 METADATA_FILE = ".metadata"
 _MODEL, _OPTIM = "model", "optim"
@@ -44,15 +44,6 @@ def _single_process_quiet() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*torch.distributed is .*uninitialized")
         yield
-
-
-def uses_dtensor(model: Any) -> bool:
-    """True when `model` holds DTensor parameters (FSDP2 `fully_shard`, tensor parallel)."""
-    if model is None:
-        return False
-    from torch.distributed.tensor import DTensor
-
-    return any(isinstance(p, DTensor) for p in model.parameters())
 
 
 def _state(model: Any, optimizer: Any) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from typing import Any, BinaryIO, Optional
 from .atomic import atomic_write_bytes, exchange, fsync_dir
 from .errors import InvalidCheckpoint
 from .layout import LATEST, RUN_DIR_MODE, TMP_PREFIX, tmp_dirs
-from .manifest import MANIFEST_NAME, FileEntry, digest_file, new_hasher
+from .manifest import MANIFEST_NAME, FileEntry, digest_file, new_hasher, read_pieces
 from .writeback import Writeback
 
 __all__ = ["Draft", "HashingWriter", "tmp_dir", "fresh_tmp_dir", "hash_tree", "commit_dir", "commit_in_place",
@@ -137,13 +137,8 @@ class HashingWriter:
                 if not got:
                     return
                 self._advance(got)
-        buf = bytearray(_CHUNK)
-        view = memoryview(buf)
-        while True:
-            got = src.readinto(buf)
-            if not got:
-                return
-            self.write(view[:got])
+        for piece in read_pieces(src, _CHUNK):
+            self.write(piece)
 
     def flush(self) -> None:
         pass

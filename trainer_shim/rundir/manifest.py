@@ -8,9 +8,9 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, BinaryIO, Optional
 
 import xxhash
 
@@ -167,18 +167,25 @@ def safe_member(ckpt_dir: Path, rel: str) -> Path:
     return full
 
 
+def read_pieces(f: BinaryIO, size: int) -> Iterator[memoryview]:
+    """The rest of `f` in pieces of up to `size` bytes, read into one reused buffer (each piece is
+    valid until the next is read)."""
+    buf = bytearray(size)
+    view = memoryview(buf)
+    while True:
+        n = f.readinto(buf)
+        if not n:
+            return
+        yield view[:n]
+
+
 def digest_file(path: Path, chunk: int = 8 << 20) -> str:
     h = new_hasher()
     with open(path, "rb", buffering=0) as f:
         # No larger than the file: a small member (a skeleton, a table) must not fault in 8 MiB of
         # fresh buffer (~2 ms each, on a restore's critical path).
-        buf = bytearray(max(1, min(chunk, os.fstat(f.fileno()).st_size)))
-        view = memoryview(buf)
-        while True:
-            n = f.readinto(buf)
-            if not n:
-                break
-            h.update(view[:n])
+        for piece in read_pieces(f, max(1, min(chunk, os.fstat(f.fileno()).st_size))):
+            h.update(piece)
     return h.hexdigest()
 
 
