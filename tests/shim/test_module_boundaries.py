@@ -104,3 +104,24 @@ def test_the_rooms_are_layered() -> None:
     rooms.pop("trainer_shim", None)   # the package __init__ re-exports the public API from the rooms
     circles = {frozenset({a, b}) for a in rooms for b in rooms[a] if _reaches(rooms, b, a)}
     assert circles == set()
+
+
+def _run_attribute_writes(path: Path) -> list[str]:
+    """Assignments (plain, augmented, annotated, del) to `run.X` or `self.run.X`: a Run's own attributes."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else \
+            [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+        for target in targets:
+            for t in target.elts if isinstance(target, (ast.Tuple, ast.List)) else [target]:
+                if isinstance(t, ast.Attribute) and ast.unparse(t.value) in ("run", "self.run"):
+                    out.append(f"{path.relative_to(SHIM)}:{node.lineno}: {ast.unparse(t)}")
+    return out
+
+
+def test_nothing_outside_the_loop_api_writes_into_a_run() -> None:
+    """The engine returns what it found (a restore's position, a tuned interval, a background commit)
+    and the Run applies it: a Run's attributes have one writer, `_loop`."""
+    found = [hit for p in sorted(SHIM.rglob("*.py")) if p.relative_to(SHIM).parts[0] != "_loop"
+             for hit in _run_attribute_writes(p)]
+    assert found == []

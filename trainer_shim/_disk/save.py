@@ -205,7 +205,7 @@ def _finish(run: Trained, decision: Decision, cap: capture.Capture, reports: lis
     if not errs:
         try:
             manifest = members.commit_members(draft, cap, files, world_size=run.engine.group.world_size,
-                                              meta=run.engine.provenance)
+                                              meta=run.engine.provenance.meta)
             final = draft.final
             run.engine.retention.committed_step = cap.global_step  # before rotating: the resumed one may go now
             run.engine.retention.add(final, manifest)

@@ -42,15 +42,15 @@ def install() -> None:
     """Wrap `subprocess.run` so that the first inlinable call runs in this process."""
     original = subprocess.run
 
-    def run(*popenargs: Any, **kwargs: Any) -> Any:
+    def run_inline(*popenargs: Any, **kwargs: Any) -> Any:
         args = popenargs[0] if popenargs else kwargs.get("args")
         if not inlinable(args, popenargs[1:], kwargs):
             return original(*popenargs, **kwargs)
         subprocess.run = original  # one child: the trainer
         return subprocess.CompletedProcess(list(args), _run_child(list(args[1:])))
 
-    run.__wrapped__ = original  # type: ignore[attr-defined]
-    subprocess.run = run
+    run_inline.__wrapped__ = original  # type: ignore[attr-defined]
+    subprocess.run = run_inline
 
 
 def _run_child(argv: list[str]) -> int:

@@ -74,7 +74,7 @@ class Run:
                                               keep_epochs=o.keep_epochs, keep_best=o.keep_best)
         self._hooks = ProcessHooks().install(self.rd, self._on_exception, o.optimizer, self._on_optimizer_step)
         self._stop = self._hooks.stop
-        provenance.attach(self, script, o.strict_resume)
+        eng.provenance = provenance.Provenance.for_run(script, o.strict_resume, self.env)
         if o.async_save or o.memory_every_steps:  # the memory room is loaded only when switched on
             from .._memory import saver
 
@@ -86,8 +86,15 @@ class Run:
             for d in self.search_dirs:
                 rundir.commit.discard_abandoned(d)  # the writes a killed attempt left behind
         self.engine.group.barrier("startup barrier")  # rank 0 has cleaned up before anyone saves
-        restoring.restore(self, self.engine.fast.before_restore() if self.engine.fast is not None else None)
-        provenance.settle(self)   # every later manifest records it (a fresh start had no resume check)
+        restored = restoring.restore(self, self.engine.fast.before_restore() if self.engine.fast is not None else None)
+        if restored is not None:
+            self.global_step, self.epoch, self.batch_in_epoch = (restored.global_step, restored.epoch,
+                                                                 restored.batch_in_epoch)
+            self.loss, self.resumed_from = restored.loss, restored.resumed_from
+            self.state.clear()
+            self.state.update(restored.state)
+            self._checkpoint_step = restored.checkpoint_step
+        self.engine.provenance.settle()   # every later manifest records it (a fresh start had no resume check)
         self._mark.set(self.global_step)
         # Second "starting" beat: the supervisor learns what was actually restored (after any fallback).
         self.engine.hb.write_now(step=self.global_step, epoch=self.epoch, loss=self.loss,
@@ -110,7 +117,7 @@ class Run:
         self.loss: Optional[float] = None
         self.resumed_from: Optional[str] = None
         self.state: dict[str, Any] = {}
-        self.checkpoint_step: Optional[int] = None
+        self._checkpoint_step: Optional[int] = None   # of the newest checkpoint this process saved or restored
 
         self._yielded = 0                 # batches handed out by the current training stream
         self._stream_epoch: Optional[int] = None  # epoch whose training stream has started
@@ -127,6 +134,19 @@ class Run:
             raise ConfigError(f"WORLD_SIZE={self.world_size} but torch.distributed is not initialised with that "
                               "world size; call torch.distributed.init_process_group() before trainer_shim.init()")
         return distributed.Dist(collective_timeout)
+
+    @property
+    def checkpoint_step(self) -> Optional[int]:
+        """The step of the newest checkpoint committed (or restored) by this process, a background
+        writer's included."""
+        fast = self.engine.fast
+        steps = [s for s in (self._checkpoint_step, fast.committed_step if fast is not None else None) if s is not None]
+        return max(steps) if steps else None
+
+    @property
+    def strict_resume(self) -> bool:
+        """Whether a checkpoint of other code or arguments is refused (else: a warning)."""
+        return self.engine.provenance.strict
 
     # --- paths ----------------------------------------------------------------------------------
 
@@ -207,7 +227,9 @@ class Run:
             if value - value != 0.0 and self.on_nonfinite != "ignore":  # NaN or +-inf: x - x is NaN for both
                 from .._policies import divergence   # only a non-finite loss needs it
 
-                if divergence.nonfinite(self, value):
+                if divergence.nonfinite(self, value):   # "raise" never returns
+                    self.skipped_steps += 1
+                    divergence.note_skip(self, value)
                     return   # on_nonfinite="skip": the step is not counted
             self.loss = value
         self.global_step += 1
@@ -217,11 +239,7 @@ class Run:
         now = time.monotonic()
         if now - self._hb_last >= self.options.heartbeat_interval:
             self._hb_last = now
-            f = self.engine.hb.fields
-            f["step"] = self.global_step
-            f["epoch"] = self.epoch
-            f["loss"] = self.loss
-            f["phase"] = "training"
+            self.engine.hb.progress(self.global_step, self.epoch, self.loss)
             self.engine.hb.request()
         every = self.options.step_interval
         timed = self.save_every_seconds is not None and now - self.engine.last_save_t >= self.save_every_seconds
@@ -232,7 +250,7 @@ class Run:
             self.engine.fast.on_step(bool((every and self.global_step % every == 0) or timed))
         elif (every and self.global_step % every == 0) or timed:
             self._save(CheckpointKind.STEP)
-            save_interval.tune(self, time.monotonic() - now)
+            self._tune_interval(time.monotonic() - now)
         self._probe.on_step()
         if stop:
             self._preempt()
@@ -242,7 +260,7 @@ class Run:
         now = time.monotonic()
         if now - self._hb_last >= self.options.heartbeat_interval:
             self._hb_last = now
-            self.engine.hb.fields.update(step=self.global_step, epoch=self.epoch, loss=self.loss, phase="training")
+            self.engine.hb.progress(self.global_step, self.epoch, self.loss)
             self.engine.hb.request()
         if self._stop.requested and self.engine.group.world_size == 1:  # multi-rank: the stop is agreed at run.step()
             self._preempt()
@@ -251,8 +269,13 @@ class Run:
         """Checkpoint now (kind step); returns the checkpoint dir, or None if the save failed."""
         t0 = time.monotonic()
         path = self._save(CheckpointKind.STEP)
-        save_interval.tune(self, time.monotonic() - t0)
+        self._tune_interval(time.monotonic() - t0)
         return path
+
+    def _tune_interval(self, stall_s: float) -> None:
+        every = save_interval.tune(self.engine.auto, self.engine.hb, stall_s)
+        if every is not None:
+            self.save_every_seconds = every
 
     def finish(self) -> None:
         """Final checkpoint and the `finished` heartbeat; the run dir is left ready for inspection."""
@@ -279,7 +302,7 @@ class Run:
 
     def _end_epoch(self) -> None:
         self._advance_epoch_counters()
-        self.engine.hb.fields["epoch"] = self.epoch
+        self.engine.hb.set_epoch(self.epoch)
         if self.options.save_on_epoch_end:
             self._save(CheckpointKind.EPOCH)
         self._probe.on_epoch_end()
@@ -299,7 +322,7 @@ class Run:
         if self.engine.fast is not None:
             self.engine.fast.drain()  # a synchronous save comes after the background one in flight
         self.engine.last_save_t = time.monotonic()
-        self.engine.hb.fields.update(step=self.global_step, epoch=self.epoch, loss=self.loss)
+        self.engine.hb.progress(self.global_step, self.epoch, self.loss, phase=None)
         self.engine.hb.begin_save()
         try:
             with self.engine.saves.stall(kind):
@@ -312,7 +335,7 @@ class Run:
                     raise
                 if outcome.committed:  # not when an existing checkpoint stands for the step
                     self.engine.last_size = outcome.nbytes
-                    self.checkpoint_step = self.engine.retention.committed_step = self.global_step
+                    self._checkpoint_step = self.engine.retention.committed_step = self.global_step
             return outcome.path if outcome.error is None else None
         finally:
             self.engine.last_save_t = time.monotonic()

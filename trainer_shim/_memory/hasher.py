@@ -14,8 +14,6 @@ from .writer import low_priority
 from ..rundir import CheckpointKind, Event
 from .._state import capture
 
-EVERY_FIELD = "memory_every_steps"  # heartbeat field: the memory snapshot interval in force ("auto")
-SKIPPED_FIELD = "memory_snapshots_skipped"  # heartbeat field: due snapshots skipped (previous one still hashing)
 
 
 class SnapshotHasher:
@@ -42,7 +40,7 @@ class SnapshotHasher:
         now = time.monotonic()
         if self._last_step_t is not None:
             self._observe_step(now - self._last_step_t)
-            self.run.engine.hb.fields[EVERY_FIELD] = self.auto_memory.every
+            self.run.engine.hb.set_memory_snapshots(every=self.auto_memory.every)
         self._last_step_t = now
         return step - self._last_memory_step >= self.auto_memory.every  # a skipped one is retried next step
 
@@ -80,7 +78,7 @@ class SnapshotHasher:
 
     def _skip(self) -> None:
         self.skipped += 1
-        self.run.engine.hb.fields[SKIPPED_FIELD] = self.skipped
+        self.run.engine.hb.set_memory_snapshots(skipped=self.skipped)
         if self._job is not None and not self._skip_reported:  # the writer holds a slot: say so once
             self._skip_reported = True
             self.run.engine.event(Event.SAVE_SKIPPED, step=self.run.global_step, target="memory",

@@ -43,7 +43,7 @@ from ..errors import CollectiveTimeout
 from .late_copy import LateCopy
 from .slots import SlotError, Slots, disown_slots, own_slots
 from .._restore.from_memory import SlotRestore
-from .hasher import EVERY_FIELD, SKIPPED_FIELD, SnapshotHasher
+from .hasher import SnapshotHasher
 from .._policies.memory_interval import AutoMemory
 from .._policies.save_interval import AUTO, mtbf_for
 from .writer import serve, stop
@@ -80,7 +80,7 @@ class FastSaver(SlotRestore, SnapshotHasher):
         self.auto_memory: Optional[AutoMemory] = None
         if memory_every == AUTO:  # Young/Daly from each snapshot's cost (memory_interval)
             self.auto_memory = AutoMemory(mtbf_for(run.rd, run.options.mtbf_hours))
-            run.engine.hb.fields[EVERY_FIELD] = self.auto_memory.every
+            run.engine.hb.set_memory_snapshots(every=self.auto_memory.every)
         self.memory_every = memory_every if isinstance(memory_every, int) else None
         self._last_step_t: Optional[float] = None
         self._last_memory_step = -1
@@ -96,8 +96,9 @@ class FastSaver(SlotRestore, SnapshotHasher):
         self._job: Optional[_Job] = None
         self._hashing: Optional[tuple[int, capture.Capture, float]] = None  # (slot, snapshot, its copy's stall)
         self.skipped = 0
+        self.committed_step: Optional[int] = None   # newest step the writer thread committed to disk
         if memory_every:
-            run.engine.hb.fields[SKIPPED_FIELD] = 0  # present from the start: beats never see the dict grow
+            run.engine.hb.set_memory_snapshots(skipped=0)  # present from the start: beats never see the dict grow
         self._warnings: list[str] = []
         self._skip_reported = False
         self._closed = False
@@ -114,7 +115,7 @@ class FastSaver(SlotRestore, SnapshotHasher):
 
     @property
     def meta(self) -> dict[str, Any]:
-        return {"git_commit": self.run.git_commit, "git_dirty": self.run.git_dirty}
+        return self.run.engine.provenance.meta
 
     # --- training thread ------------------------------------------------------------------------
 
@@ -289,8 +290,8 @@ class FastSaver(SlotRestore, SnapshotHasher):
             self._fail(job.cap.global_step, outcome.error, event=False)
         elif outcome.committed:
             run.engine.last_size = outcome.nbytes
-            run.checkpoint_step = job.cap.global_step
-            run.engine.hb.fields["checkpoint_step"] = job.cap.global_step
+            self.committed_step = job.cap.global_step   # the Run reads it (Run.checkpoint_step)
+            run.engine.hb.set_checkpoint(job.cap.global_step)
 
     def _fail(self, step: int, error: str, event: bool = True) -> None:
         path = self.run.rd.checkpoints / rundir.checkpoint_name(step)

@@ -37,7 +37,6 @@ def is_nonfinite(value: float) -> bool:
 def nonfinite(run: Any, value: float) -> bool:
     """run.step() saw a non-finite loss (mode raise or skip): True when the step is skipped; raise never returns."""
     if run.on_nonfinite == "skip":
-        note_skip(run, value)
         return True
     stop_diverged(run, value)
     return False
@@ -58,7 +57,7 @@ def stop_diverged(run: Any, value: float) -> None:
 
 
 def note_skip(run: Any, value: float) -> None:
-    run.skipped_steps += 1
+    """A skipped step (the Run has counted it): the first one is said."""
     if run.skipped_steps == 1:
         say(f"non-finite loss {value!r} after step {run.global_step}: step skipped (on_nonfinite='skip'); "
              "later skips are counted in run.skipped_steps")

@@ -24,7 +24,7 @@ from .._session.messages import say
 from .._session.hooks import write_error_record
 from ..rundir import EXIT_REFUSED, RESUME_REFUSED_ERROR_TYPE, Event, RunEnv
 
-__all__ = ["script_path", "git_info", "args_hash", "differences", "check_resume", "strict_from_env", "attach", "settle"]
+__all__ = ["Provenance", "script_path", "git_info", "args_hash", "differences", "check_resume", "strict_from_env"]
 
 
 def script_path() -> Optional[Path]:
@@ -118,27 +118,41 @@ class _GitProbe:
         return self._answer
 
 
-def attach(run: Any, script: Optional[Path], strict_resume: bool) -> None:
-    """Give `run` what its checkpoints record of where they came from, and the resume rule. The git
-    fields arrive in the background: `settle` (before the resume check and before training) waits."""
-    run.git_commit = run.git_dirty = None
-    run.git_probe = _GitProbe(script.parent if script else None) if script else None
-    run.args_hash, run.strict_resume = args_hash(), bool(strict_resume) or strict_from_env(run.env)
-    run.engine.provenance = {"git_commit": None, "git_dirty": None, "args_hash": run.args_hash}
+class Provenance:
+    """Where this process's checkpoints come from (git commit and dirty state of the script's
+    repository, the arguments hash) and its resume rule (`strict`: refuse a checkpoint of other
+    code or arguments; else warn). The git fields arrive in the background: `settle()` waits (before
+    the resume check and before training), every manifest written after it records them."""
+
+    def __init__(self, script: Optional[Path], strict: bool) -> None:
+        self.git_commit: Optional[str] = None
+        self.git_dirty: Optional[bool] = None
+        self.args_hash = args_hash()
+        self.strict = strict
+        self._probe: Optional[_GitProbe] = _GitProbe(script.parent) if script else None
+
+    @classmethod
+    def for_run(cls, script: Optional[Path], strict_resume: bool, env: RunEnv) -> "Provenance":
+        return cls(script, bool(strict_resume) or strict_from_env(env))
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        """What a manifest records of it."""
+        return {"git_commit": self.git_commit, "git_dirty": self.git_dirty, "args_hash": self.args_hash}
+
+    def settle(self) -> None:
+        """Wait for the git answer and record it (once; later calls return at once)."""
+        probe, self._probe = self._probe, None
+        if probe is not None:
+            self.git_commit, self.git_dirty = probe.answer()
 
 
-def settle(run: Any) -> None:
-    """Wait for attach's git answer and record it (once; later calls return at once)."""
-    probe, run.git_probe = run.git_probe, None
-    if probe is not None:
-        run.git_commit, run.git_dirty = probe.answer()
-        run.engine.provenance.update(git_commit=run.git_commit, git_dirty=run.git_dirty)
-
-
-def check_resume(run: Any, path: Path, manifest: Any, strict: bool) -> None:
+def check_resume(run: Any, path: Path, manifest: Any) -> None:
     """Warn (or refuse, exit 2) when the resumed checkpoint's provenance differs from this process's."""
-    settle(run)
-    diff = differences(manifest, git_commit=run.git_commit, git_dirty=run.git_dirty, args=run.args_hash)
+    prov = run.engine.provenance
+    prov.settle()
+    strict = prov.strict
+    diff = differences(manifest, git_commit=prov.git_commit, git_dirty=prov.git_dirty, args=prov.args_hash)
     if not diff:
         return
     if run.rank == 0:

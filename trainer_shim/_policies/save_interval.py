@@ -119,15 +119,18 @@ def from_option(value: Union[float, str, None], rd: rundir.RunDir, mtbf_hours: f
 
     if value == AUTO:
         auto = AutoInterval(mtbf_for(rd, mtbf_hours))
-        hb.fields["save_interval_s"] = round(auto.interval_s, 3)
+        hb.set_save_interval(auto.interval_s)
         return auto.interval_s, auto
     if value is not None and (isinstance(value, (str, bool)) or value <= 0):
         raise ConfigError(f"save_every_seconds must be a positive number or 'auto', got {value!r}")
     return value, None
 
 
-def tune(run: Any, stall_s: float) -> None:
-    """After a save: with "auto", the stall it cost the loop re-tunes run.save_every_seconds (and the heartbeat's copy)."""
-    if run.engine.auto is not None:
-        run.save_every_seconds = run.engine.auto.observe_save(stall_s)
-        run.engine.hb.fields["save_interval_s"] = round(run.save_every_seconds, 3)
+def tune(auto: Optional[AutoInterval], hb: Any, stall_s: float) -> Optional[float]:
+    """After a save: with "auto", the stall it cost the loop re-tunes the interval (the heartbeat
+    shows it); the new interval, or None without "auto"."""
+    if auto is None:
+        return None
+    every = auto.observe_save(stall_s)
+    hb.set_save_interval(every)
+    return every

@@ -59,8 +59,9 @@ class SlotRestore:
                 return None
         return rundir.newest_valid(self.run.search_dirs)
 
-    def loaded(self, path: Path) -> None:
-        """The restore loop resumed from slot `path`: keep it, and persist it when it is not on disk."""
+    def loaded(self, path: Path) -> str:
+        """The restore loop resumed from slot `path`: keep it, and persist it when it is not on disk.
+        Returns the checkpoint the attempt stands for (the disk one, or the step-N it is persisted to)."""
         info, disk = self._offered
         ahead, through = landing.landed(), slot_maps.read_through()
         said = ([f"{ahead / 2**20:.1f} MiB into memory the warm standby had faulted in"] if ahead else []) \
@@ -68,13 +69,12 @@ class SlotRestore:
         say(f"resumed from memory step {info.step}" + (f" ({', '.join(said)})" if said else ""))
         self.slots.adopt(info.path)
         if disk is not None:
-            self.run.resumed_from = str(disk.path)
-        else:
-            self.persist_restored(info)
-            # Named as the checkpoint its writer persists it to (the supervisor leaves that to this
-            # attempt after a kill: supervisor.process.snapshots.restart_persists), so the step it
-            # resumed at reads the same in heartbeats, reports and crash-loop decisions either way.
-            self.run.resumed_from = str(self.run.rd.checkpoints / rundir.checkpoint_name(info.step))
+            return str(disk.path)
+        self.persist_restored(info)
+        # Named as the checkpoint its writer persists it to (the supervisor leaves that to this
+        # attempt after a kill: supervisor.process.snapshots.restart_persists), so the step it
+        # resumed at reads the same in heartbeats, reports and crash-loop decisions either way.
+        return str(self.run.rd.checkpoints / rundir.checkpoint_name(info.step))
 
     def dropped(self, path: Path) -> None:
         """The restore loop refused slot `path`: never picked again (by a later attempt or the

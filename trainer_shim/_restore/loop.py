@@ -30,7 +30,7 @@ from ..rundir import EXIT_CRASH, EXIT_REFUSED, Event
 from . import read
 from .._state import capture
 
-__all__ = ["restore", "reject", "apply", "Candidate", "MemorySource"]
+__all__ = ["restore", "reject", "apply", "Candidate", "MemorySource", "Restored"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,11 +41,27 @@ class Candidate:
     memory: bool = False   # a memory slot: MemorySource.loaded/dropped follow its outcome
 
 
+@dataclasses.dataclass(frozen=True)
+class Restored:
+    """Where training stands after a restore, for the Run to take (the restore writes nothing into it)."""
+
+    global_step: int
+    epoch: int
+    batch_in_epoch: int
+    loss: Optional[float]
+    state: dict
+    resumed_from: str      # the checkpoint it stands for (a memory slot: the step-N it is persisted to)
+
+    @property
+    def checkpoint_step(self) -> int:
+        return self.global_step
+
+
 class MemorySource(Protocol):
     """Memory slots offered to the restore loop before the disk checkpoints (async_save.FastSaver)."""
 
     def candidates(self, requested: Optional[str]) -> Iterator[Path]: ...
-    def loaded(self, path: Path) -> None: ...
+    def loaded(self, path: Path) -> str: ...
     def dropped(self, path: Path) -> None: ...
 
 
@@ -71,14 +87,15 @@ def _candidates(run: Trained, requested: Optional[str], memory: Optional[MemoryS
         requested, below = None, rundir.parse_checkpoint_name(info.path.name)
 
 
-def restore(run: Trained, memory: Optional[MemorySource] = None) -> None:
-    """Load the newest loadable candidate on every rank, falling back to older ones (see the module doc)."""
+def restore(run: Trained, memory: Optional[MemorySource] = None) -> Optional[Restored]:
+    """Load the newest loadable candidate on every rank, falling back to older ones (see the module
+    doc); where training stands after it, None on a fresh start."""
     requested = run.env.resume_from
     # Every rank waits out a download of the pick (a new node): rank 0 alone would leave the others
     # in a broadcast bounded by the collective timeout, which a big download may outlast.
     rundir.wait_for_download(requested, on_wait=lambda p: _say_waiting(run, p))
     try:
-        _restore(run, requested, memory)
+        return _restore(run, requested, memory)
     finally:
         # A warm standby's prefaulted region the restore did not take is not held any longer. Only a
         # standby (trainer_shim._launch.warm) imports landing: without one there is nothing to release.
@@ -87,26 +104,26 @@ def restore(run: Trained, memory: Optional[MemorySource] = None) -> None:
             landing.release()
 
 
-def _restore(run: Trained, requested: Optional[str], memory: Optional[MemorySource]) -> None:
+def _restore(run: Trained, requested: Optional[str], memory: Optional[MemorySource]) -> Optional[Restored]:
     group = run.engine.group
     pick = _candidates(run, requested, memory) if run.rank == 0 else iter(())
     while True:
         cand = group.broadcast(next(pick, None), "checkpoint choice")
         if cand is None:
             _start_fresh(run, " (supervisor: no valid checkpoint)" if requested == rundir.RESUME_NONE else "")
-            return
+            return None
         path = Path(cand.path)
-        errs = _try(run, path)
+        errs, restored = _try(run, path)
         if not errs:
+            assert restored is not None
             if cand.memory and memory is not None:
-                memory.loaded(path)
-            return
+                restored = dataclasses.replace(restored, resumed_from=memory.loaded(path))
+            return restored
         if run.rank == 0:
             alone = group.world_size == 1
             reject(run, path, "; ".join(e if alone else f"rank {r}: {e}" for r, e in errs))
             if cand.memory and memory is not None:
                 memory.dropped(path)
-        run.resumed_from = None
 
 
 def _say_waiting(run: Trained, path: Path) -> None:
@@ -114,22 +131,24 @@ def _say_waiting(run: Trained, path: Path) -> None:
         say(f"waiting for {path}: the supervisor is still downloading it from the mirror")
 
 
-def _try(run: Trained, path: Path) -> list[tuple[int, str]]:
-    """Verify and apply `path` on every rank; (rank, error) of each rank that could not."""
+def _try(run: Trained, path: Path) -> tuple[list[tuple[int, str]], Optional[Restored]]:
+    """Verify and apply `path` on every rank; (rank, error) of each rank that could not, and what
+    this rank restored."""
     group = run.engine.group
     # Many ranks split the hashing of the files; one process verifies what it reads.
     alone = group.world_size == 1
     err = None if alone else _verify_share(run, path)
     errs = [(r, e) for r, e in enumerate(group.all_gather(err, "checkpoint verification")) if e]
     if errs:
-        return errs
+        return errs, None
+    restored = None
     try:
-        apply(run, path, verify=alone)
+        restored = apply(run, path, verify=alone)
     except WorldSizeMismatch as e:
         _world_size_refused(run, path, e)
     except CheckpointError as e:
         err = str(e)
-    return [(r, e) for r, e in enumerate(group.all_gather(err, "restore outcome")) if e]
+    return [(r, e) for r, e in enumerate(group.all_gather(err, "restore outcome")) if e], restored
 
 
 def _start_fresh(run: Trained, why: str) -> None:
@@ -229,7 +248,9 @@ def _load_members(run: Trained, path: Path, verify: bool) -> tuple[rundir.Checkp
     return info, tr, reshard
 
 
-def apply(run: Trained, path: Path, verify: bool) -> None:
+def apply(run: Trained, path: Path, verify: bool) -> Restored:
+    """Load `path` into the model, optimizer, scheduler, scaler, extras and RNGs; where training
+    stands is returned, for the Run to take."""
     try:
         info, tr, reshard = _load_members(run, path, verify)
     except LiveStateChanged:
@@ -237,13 +258,9 @@ def apply(run: Trained, path: Path, verify: bool) -> None:
         raise
     run.engine.live_state_changed = False  # every live tensor the failed load touched is overwritten now
     m = info.manifest
-    run.state.clear()
-    run.state.update(tr.get("state") or {})
     # Resharded: each rank's share of an epoch changes with the world size; resume at the
     # same fraction of the epoch (the global sample count) in the new world's batches.
     k = m.batch_in_epoch * m.world_size // run.world_size if reshard else m.batch_in_epoch
-    run.global_step, run.epoch, run.batch_in_epoch = m.global_step, m.epoch, k
-    run.loss = tr.get("loss", m.loss)
     if run.rank >= m.world_size:  # a rank the old world lacked starts from rank 0's RNGs: make them its own
         tr = {**tr, "rng": rng.derive(tr["rng"], run.rank),
               "epoch_rng": rng.derive(tr["epoch_rng"], run.rank) if tr.get("epoch_rng") else None}
@@ -251,8 +268,7 @@ def apply(run: Trained, path: Path, verify: bool) -> None:
     if k > 0 or tr.get("loader_state") is not None:
         run.engine.stream.resume = {"epoch": m.epoch, "batch_in_epoch": k, "epoch_rng": tr.get("epoch_rng"),
                               "step_rng": tr["rng"], "loader_state": tr.get("loader_state")}
-    run.resumed_from = str(info.path)
-    run.engine.retention.resumed_step = run.checkpoint_step = m.global_step
+    run.engine.retention.resumed_step = m.global_step
     run.engine.last_size = sum(f.size for f in m.files.values())
     say(f"resumed from {info.path} (step {m.global_step}, epoch {m.epoch}, batch {k})"
          + ("" if m.exact else " [inexact emergency checkpoint]")
@@ -260,4 +276,5 @@ def apply(run: Trained, path: Path, verify: bool) -> None:
     if reshard and run.rank == 0:
         run.engine.event(Event.CHECKPOINT_RESHARDED, path=str(info.path), from_world_size=m.world_size,
                    to_world_size=run.world_size, batch_in_epoch=k)
-    provenance.check_resume(run, info.path, m, run.strict_resume)
+    provenance.check_resume(run, info.path, m)
+    return Restored(m.global_step, m.epoch, k, tr.get("loss", m.loss), dict(tr.get("state") or {}), str(info.path))

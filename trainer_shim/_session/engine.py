@@ -19,9 +19,11 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional, Protocol
+from typing import Any, Optional, Protocol, Union
 
 from .. import rundir
+from .distributed import Dist, Solo
+from .heartbeat import Heartbeat
 from .messages import say
 from ..rundir import Event
 
@@ -64,13 +66,13 @@ class Engine:
     """One training process's checkpoint machinery; built by `Run` in the order its parts need."""
 
     reporter: Reporter
-    group: Any                           # distributed.Solo or distributed.Dist
-    hb: Any = None                       # heartbeat.Heartbeat
+    group: Union[Solo, Dist]
+    hb: Heartbeat = None  # type: ignore[assignment]  # set by the front end before anything beats
     saves: Any = None                    # save_time.SaveTimer
     retention: Any = None                # retention.Retention
     fast: Any = None                     # async_save.FastSaver when async_save/memory_every_steps is on
     auto: Any = None                     # save_interval's adaptive interval for save_every_seconds="auto"
-    provenance: dict = dataclasses.field(default_factory=dict)  # git/args recorded in every manifest
+    provenance: Any = None               # _policies.provenance.Provenance: recorded in every manifest
     stream: Stream = dataclasses.field(default_factory=Stream)
     last_size: int = 0                   # bytes of the last checkpoint (free-space check)
     last_save_t: float = dataclasses.field(default_factory=time.monotonic)
@@ -109,7 +111,7 @@ class Engine:
 
 
 class Trained(Protocol):
-    """What the engine's modules read and set on the training side; `trainer_shim.Run` is one."""
+    """What the engine's modules read of the training side (they set nothing: the Run applies what they return)."""
 
     engine: Engine
     rd: rundir.RunDir
@@ -133,9 +135,6 @@ class Trained(Protocol):
     loss: Optional[float]
     resumed_from: Optional[str]
     checkpoint_step: Optional[int]
-    git_commit: Optional[str]
-    git_dirty: Optional[bool]
-    git_probe: Any   # provenance.attach's pending git answer, None once settled
 
     @property
     def search_dirs(self) -> list[Path]: ...

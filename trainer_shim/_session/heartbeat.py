@@ -26,7 +26,7 @@ class Heartbeat:
         # The fields the loop stamps; every write goes through HeartbeatRecord, so a key the
         # contract does not know fails here, in the shim's tests, not silently in the supervisor.
         # `node` is set only in a multi-node job: a node's supervisor judges only its own ranks.
-        self.fields: dict[str, Any] = HeartbeatRecord(pid=os.getpid(), rank=rank, attempt=attempt, node=node).to_json()
+        self._fields: dict[str, Any] = HeartbeatRecord(pid=os.getpid(), rank=rank, attempt=attempt, node=node).to_json()
         self.save_bytes = 0          # bumped by the checkpoint writer, read by the thread
         self._saving = False
         self._last_bytes = 0
@@ -35,6 +35,49 @@ class Heartbeat:
         self._stop = False
         self._warned = False
         self._thread: Optional[threading.Thread] = None
+
+    # --- what the next beat says (typed setters; every field is the contract's HeartbeatRecord) -----
+
+    def value(self, name: str) -> Any:
+        """A field as the next beat will write it."""
+        return self._fields[name]
+
+    def progress(self, step: int, epoch: int, loss: Optional[float] = None,
+                 phase: Optional[Phase] = Phase.TRAINING) -> bool:
+        """Where training stands (a loss or phase of None keeps the last one); True when the phase changed."""
+        f = self._fields
+        changed = phase is not None and f["phase"] != phase.value
+        f["step"], f["epoch"] = step, epoch
+        if phase is not None:
+            f["phase"] = phase.value
+        if loss is not None:
+            f["loss"] = loss
+        return changed
+
+    def set_epoch(self, epoch: int) -> None:
+        self._fields["epoch"] = epoch
+
+    def set_loss(self, loss: Optional[float]) -> None:
+        self._fields["loss"] = loss
+
+    def set_checkpoint(self, step: Optional[int], resumed_from: Optional[str] = None) -> None:
+        """The newest committed checkpoint's step (and, after a restore, the checkpoint resumed)."""
+        self._fields["checkpoint_step"] = step
+        if resumed_from is not None:
+            self._fields["resumed_from"] = resumed_from
+
+    def set_total_steps(self, total: int) -> None:
+        self._fields["total_steps"] = int(total)
+
+    def set_save_interval(self, seconds: float) -> None:
+        self._fields["save_interval_s"] = round(seconds, 3)
+
+    def set_memory_snapshots(self, *, every: Optional[int] = None, skipped: Optional[int] = None) -> None:
+        """memory_every_steps="auto"'s current interval; the snapshots skipped (one still hashing)."""
+        if every is not None:
+            self._fields["memory_every_steps"] = every
+        if skipped is not None:
+            self._fields["memory_snapshots_skipped"] = skipped
 
     # --- main-thread side ---------------------------------------------------------------------
 
@@ -48,22 +91,22 @@ class Heartbeat:
 
     def write_now(self, **fields: Any) -> None:
         """Synchronous beat, for phases that must be on disk before we go on (starting, stopping, finished)."""
-        self.fields.update(fields)
+        self._fields.update(fields)
         self._write()
 
     def begin_save(self) -> None:
         self.save_bytes = 0
         self._last_bytes = 0
-        self.fields["save_bytes"] = 0
-        self.fields["phase"] = Phase.SAVING.value
+        self._fields["save_bytes"] = 0
+        self._fields["phase"] = Phase.SAVING.value
         self._saving = True
         self._write()
 
     def end_save(self, **fields: Any) -> None:
         self._saving = False
-        self.fields.update(fields)
-        self.fields["phase"] = Phase.TRAINING.value
-        self.fields["save_bytes"] = self.save_bytes
+        self._fields.update(fields)
+        self._fields["phase"] = Phase.TRAINING.value
+        self._fields["save_bytes"] = self.save_bytes
         self._write()
 
     def stop(self) -> None:
@@ -87,14 +130,14 @@ class Heartbeat:
                 cur = self.save_bytes
                 if cur != self._last_bytes:
                     self._last_bytes = cur
-                    self.fields["save_bytes"] = cur
+                    self._fields["save_bytes"] = cur
                     self._write()
 
     def _write(self) -> None:
         with self._lock:
-            self.fields["seq"] += 1
-            self.fields["time"] = rundir.now_iso()
-            rec = HeartbeatRecord(**self.fields).to_json()
+            self._fields["seq"] += 1
+            self._fields["time"] = rundir.now_iso()
+            rec = HeartbeatRecord(**self._fields).to_json()
             try:
                 rundir.atomic_write_json(self.path, rec, durable=False)
             except OSError as e:

@@ -77,7 +77,7 @@ class StepWatch:
         if total is None or total <= 0:
             return
         self._total_set_by = source
-        self.run.engine.hb.fields["total_steps"] = int(total)
+        self.run.engine.hb.set_total_steps(total)
 
     def on_stream(self, loader: Any) -> None:
         """A training stream starts: with run.epochs(n) and a sized loader the length is known."""
@@ -88,7 +88,7 @@ class StepWatch:
         except TypeError:
             return
         self._total_set_by = "epochs"
-        self.run.engine.hb.fields["total_steps"] = self.num_epochs * n
+        self.run.engine.hb.set_total_steps(self.num_epochs * n)
 
     def on_epoch_end(self) -> None:
         self._ref_step = None

@@ -93,11 +93,7 @@ class Session:
         (like run.step()), or at once when the phase changes."""
         self.mark.set(step)
         self._mark_timings(step, phase)
-        f = self.hb.fields
-        changed = f["phase"] != phase
-        f["step"], f["epoch"], f["phase"] = step, epoch, phase
-        if loss is not None:
-            f["loss"] = loss
+        changed = self.hb.progress(step, epoch, loss, Phase(phase))
         now = time.monotonic()
         if changed or now - self._hb_last >= self.hb.interval:
             self._hb_last = now
@@ -124,7 +120,7 @@ class Session:
         except (TypeError, ValueError, OverflowError):
             return
         if n > 0:
-            self.hb.fields["total_steps"] = n
+            self.hb.set_total_steps(n)
 
     def beat_due(self) -> bool:
         """Whether the next beat() writes (so a caller can skip computing what only the file needs)."""
@@ -134,7 +130,7 @@ class Session:
         """Phase `evaluating` around an evaluation, then back to the phase before it (a sanity
         check before the first step returns to `starting`)."""
         if on:
-            self._before_eval = self.hb.fields["phase"]
+            self._before_eval = self.hb.value("phase")
             self.hb.write_now(phase=Phase.EVALUATING.value)
         else:
             self.hb.write_now(phase=self._before_eval)
@@ -153,7 +149,7 @@ class Session:
 
     def _on_exception(self, tp: type, value: BaseException, tb: Optional[TracebackType]) -> None:
         if not issubclass(tp, (SystemExit, KeyboardInterrupt)):
-            record_exception(self.rd, self.attempt, self.rank, tp, value, tb, step=self.hb.fields.get("step"))
+            record_exception(self.rd, self.attempt, self.rank, tp, value, tb, step=self.hb.value("step"))
 
     # --- ranks ---------------------------------------------------------------------------------
 
@@ -206,7 +202,7 @@ class Session:
         if info is None:
             return None
         self.checkpoint_step = info.step
-        self.hb.fields.update(resumed_from=str(info.path), checkpoint_step=info.step)
+        self.hb.set_checkpoint(info.step, resumed_from=str(info.path))
         if self.is_zero:
             say(f"resuming from {info.path} (step {info.step})")
         return info
@@ -257,7 +253,7 @@ class Session:
         rel = os.path.relpath(path, self.rd.checkpoints)
         rundir.repoint_latest(self.rd.checkpoints, rel)
         self.checkpoint_step = manifest.global_step
-        self.hb.fields["checkpoint_step"] = manifest.global_step
+        self.hb.set_checkpoint(manifest.global_step)
         self._rotation_roots = [Path(r) for r in roots]
         self.retention.add(path, manifest)
         self.retention.rotate(protect={path.name, *(Path(p).name for p in protect)})

@@ -225,7 +225,7 @@ class ResilientCallback(TrainerCallback):
         if logs and isinstance(logs.get("loss"), (int, float)):
             self._loss = float(logs["loss"])
             if self.session is not None:
-                self.session.hb.fields["loss"] = self._loss
+                self.session.hb.set_loss(self._loss)
 
     # --- save ----------------------------------------------------------------------------------
 

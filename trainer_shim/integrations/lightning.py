@@ -222,7 +222,7 @@ class _Resilient:
             self._saved_step = step
             return final
         pos = _Position(step, trainer.current_epoch, self._loader.batches if self._loader is not None else 0,
-                        s.hb.fields.get("loss"), time.monotonic())
+                        s.hb.value("loss"), time.monotonic())
         if self._background is not None and kind is CheckpointKind.STEP:
             return self._save_background(trainer, final, pos)
         s.hb.begin_save()
