@@ -6,8 +6,8 @@ env names, exit codes) is `trainer_shim.rundir`.
 Where things live (one room per idea; each room's __init__ maps its modules):
 
     process/      process control: spawn, watch and stop the job's processes
-                    attempts, cgroup, first_attempt, heartbeat, launch, prestart, procs, snapshots,
-                    stopping, wakeup
+                    attempts, below, cgroup, first_attempt, heartbeat, launch, leftover, lock,
+                    prestart, procs, snapshots, stopping, wakeup, warmable
     decisions/    what an ended attempt means and what to do next
                     choice, classify, decide, divergence, failure_policy, learned_timeout, policy,
                     smart_restarts
