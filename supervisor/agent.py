@@ -288,7 +288,7 @@ class Supervisor:
         say(f"attempt {result.attempt} ended: {result.kind.value} ({result.evidence})")
         v = decide(result, policy=self.policy, smart=self.smart, rd=self.rd,
                    failures_of_kind=self.history.failures[result.kind.value], poisoned=self.history.poisoned,
-                   stop_requested=self.stop_requested, crash_loop_attempts=self.config.crash_loop_attempts)
+                   stop_requested=self.stop_requested)
         for path, why in v.poison:
             self.choice.poison(path, why)
         if v.action is Action.DONE:
