@@ -48,7 +48,8 @@ _PUBLIC = {
     "SupervisorError": ".errors", "ConfigError": ".errors", "RunDirError": ".errors", "LockedError": ".errors",
     "CgroupError": ".process.cgroup",
     "EXIT_OK": ".errors", "EXIT_GAVE_UP": ".errors", "EXIT_USAGE": ".errors", "EXIT_LOCKED": ".errors",
-    "EXIT_STOPPED": ".errors",
+    "EXIT_STOPPED": ".errors", "EXIT_UNHEALTHY": ".errors", "EXIT_INVALID_CHECKPOINT": ".errors",
+    "EXIT_NOT_STOPPED": ".errors", "EXIT_INTERRUPTED": ".errors",
 }
 
 __all__ = list(_PUBLIC)

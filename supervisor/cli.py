@@ -11,7 +11,7 @@ import typer
 
 from .insight import render
 from .config import DEFAULTS, Config, build_config, load_config_file
-from .errors import EXIT_GAVE_UP, EXIT_OK, EXIT_USAGE, SupervisorError
+from .errors import EXIT_INTERRUPTED, EXIT_INVALID_CHECKPOINT, EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE, SupervisorError
 from .jobspec import command_mode, resolve_job, run_dir_of
 from .messages import say
 from .insight.status import list_checkpoints, open_run_dir, read_status, supervised_parts
@@ -80,7 +80,7 @@ def status(
     watch: bool = typer.Option(False, "--watch", help="Refresh in place until interrupted."),
     interval: float = typer.Option(1.0, "--interval", min=0.1, help="Refresh interval for --watch, seconds (at least 0.1)."),
 ) -> None:
-    """Show the job's state; exit 0 when running with a fresh heartbeat or succeeded, else 1.
+    """Show the job's state; exit 0 when running with a fresh heartbeat or succeeded, else 1 (unhealthy).
 
     A multi-node run dir shows every node's supervisor; it is healthy only when all are."""
     parts = supervised_parts(open_run_dir(run_dir))
@@ -98,7 +98,7 @@ def status(
 
         for rd, rep in reps:
             Console().print(render.status_table(rep, render.title(rd)))
-    raise typer.Exit(EXIT_OK if all(rep.healthy for _, rep in reps) else EXIT_GAVE_UP)
+    raise typer.Exit(EXIT_OK if all(rep.healthy for _, rep in reps) else EXIT_UNHEALTHY)
 
 
 @app.command()
@@ -117,7 +117,7 @@ def checkpoints(
 
         console = Console()
         console.print(render.checkpoints_table(rows, verify, console.width) if rows else "no checkpoints")
-    raise typer.Exit(EXIT_GAVE_UP if verify and any(r.problem for r in rows) else EXIT_OK)
+    raise typer.Exit(EXIT_INVALID_CHECKPOINT if verify and any(r.problem for r in rows) else EXIT_OK)
 
 
 @app.command()
@@ -170,7 +170,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         say(f"error: {e}")
         rc = e.exit_code
     except KeyboardInterrupt:
-        rc = 130
+        rc = EXIT_INTERRUPTED
     except Exception as e:  # click usage errors (typer may vendor click, so match by shape)
         if hasattr(e, "format_message") and hasattr(e, "exit_code"):
             sub = args[0] if args and args[0] in COMMANDS else ""

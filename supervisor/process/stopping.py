@@ -10,7 +10,7 @@ from typing import Optional
 from trainer_shim.rundir import RunDir, SupervisorState, lock_pid
 
 from . import procs
-from ..errors import EXIT_GAVE_UP, EXIT_OK
+from ..errors import EXIT_NOT_STOPPED, EXIT_OK
 from ..messages import say
 from ..insight.render import stop_summary
 from ..insight.status import read_status, recorded_config, supervisor_state
@@ -54,7 +54,7 @@ def stop_one(rd: RunDir, timeout: Optional[float], wait: bool) -> int:
     state = supervisor_state(rd)
     pid = _live_supervisor(rd, state)
     if pid is None:
-        return EXIT_GAVE_UP
+        return EXIT_NOT_STOPPED
     procs.signal_pid(pid, signal.SIGTERM)
     if not wait:
         say(f"sent SIGTERM to supervisor pid {pid}")
@@ -65,6 +65,6 @@ def stop_one(rd: RunDir, timeout: Optional[float], wait: bool) -> int:
         time.sleep(POLL_S)
     if lock_pid(rd) is not None:
         say(f"supervisor pid {pid} is still running after {limit:g}s")
-        return EXIT_GAVE_UP
+        return EXIT_NOT_STOPPED
     say(stop_summary(_where(rd), read_status(rd)))
     return EXIT_OK
