@@ -19,8 +19,9 @@ Where things live (one room per idea; each room's __init__ maps its modules):
     agent         Supervisor: one loop, signal handlers that only queue, handle_<sig>
     cli           typer: parse and render only
     cli_insight   the `doctor` and `report` commands
+    cli_options   `run`'s flags, derived from their one declaration in config (Config fields with a CliOption)
     cli_slots     the `slots` command: memory snapshot slots in /dev/shm, freeing them
-    config        flags + YAML, one schema with every default
+    config        flags + YAML, one schema with every default; each `run` flag declared on its field
     errors        exceptions, each carrying its exit code
     jobspec       what `run`'s job tokens and run dir mean, checked before anything starts
     messages      `say`: the one-line stderr messages
