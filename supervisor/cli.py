@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, List, Optional
 
 import typer
+from rich.markup import escape
 
 from .insight import render
 from .cli_options import with_run_options
@@ -108,7 +109,8 @@ def stop(
 
 @app.command("export")
 def export_cmd(
-    ckpt_dir: str = typer.Argument(..., metavar="CKPT_DIR", help="A checkpoint dir (or a run dir: its newest valid checkpoint), or s3://BUCKET/PREFIX[/step-N] (a mirror's newest, or that checkpoint)."),
+    # escape: typer renders help as rich markup, and `[/step-N]` is a closing tag to it (--help crashed)
+    ckpt_dir: str = typer.Argument(..., metavar="CKPT_DIR", help=escape("A checkpoint dir (or a run dir: its newest valid checkpoint), or s3://BUCKET/PREFIX[/step-N] (a mirror's newest, or that checkpoint).")),
     out: Path = typer.Argument(..., metavar="OUT", help="Output file."),
     fmt: str = typer.Option("torch", "--format", help="torch or safetensors."),
     model_only: bool = typer.Option(False, "--model-only", help="Only the model's state dict."),

@@ -2,6 +2,8 @@
 
 - The exit-code table lists every code of trainer_shim.rundir.exits under its name and value, and
   every code a command's own code returns.
+- Every command's --help renders every parameter's help as written (typer reads help as rich
+  markup: `[s3]` vanished from run's --help, and `[/step-N]` made export's --help crash).
 """
 
 from __future__ import annotations
@@ -9,8 +11,11 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import typer
+
 from supervisor import cli
 from tests.conftest import REPO
+from tests.support import invoke_cli
 from trainer_shim.rundir import exits
 
 README = (REPO / "README.md").read_text()
@@ -83,3 +88,15 @@ def test_the_table_check_reads_what_it_checks() -> None:
     assert "EXIT_UNHEALTHY" in command_functions()["status"]
     assert "stop_run(" in command_functions()["stop"]
 
+
+def test_every_commands_help_shows_every_help_text_as_written() -> None:
+    group = typer.main.get_command(cli.app)
+    for name in cli.COMMANDS:
+        r = invoke_cli(name, "--help")
+        assert r.returncode == 0, (name, r.stderr[-2000:])
+        flat = "".join(r.stdout.replace("│", " ").split())   # rich wraps lines inside its boxes
+        for p in group.commands[name].params:
+            text = getattr(p, "help", None)
+            if text:
+                plain = text.replace("\\[", "[")   # what rich shows for an escaped bracket
+                assert "".join(plain.split()) in flat, (name, p.name, plain)
