@@ -18,7 +18,7 @@ import shutil
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Optional
+from typing import BinaryIO, Optional
 
 from .atomic import atomic_write_bytes, exchange, fsync_dir
 from .errors import InvalidCheckpoint
@@ -139,28 +139,18 @@ def copy_verified(src: Path, dst: Path, want: Optional[str], progress: Progress 
                 raise
             os.unlink(dst)
     h = new_hasher()
-    n = 0
     buf = bytearray(_COPY_CHUNK)
     view = memoryview(buf)
-    with open(src, "rb", buffering=0) as f:
-        fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        wb = Writeback(fd)
-        try:
-            while True:
-                got = f.readinto(buf)
-                if not got:
-                    break
-                piece = view[:got]
-                h.update(piece)
-                while piece:
-                    piece = piece[os.write(fd, piece):]
-                n += got
-                wb.wrote(n)
-                progress(base + n)
-            wb.finish()
-        finally:
-            wb.join()
-            os.close(fd)
+
+    def hashed(f: BinaryIO, fd: int) -> int:
+        got = f.readinto(buf)
+        piece = view[:got]
+        h.update(piece)
+        while piece:
+            piece = piece[os.write(fd, piece):]
+        return got
+
+    n = _copy_into_new(src, dst, progress, base, hashed)
     if want is not None and h.hexdigest() != want:
         raise InvalidCheckpoint(src.parent, f"{src.name} digest mismatch (changed in memory?)")
     return n
@@ -172,15 +162,19 @@ def copy_member(src: Path, dst: Path, progress: Progress = lambda n: None) -> in
 
 
 def _kernel_copy(src: Path, dst: Path, progress: Progress, base: int) -> int:
+    return _copy_into_new(src, dst, progress, base, lambda f, fd: os.copy_file_range(f.fileno(), fd, _COPY_CHUNK))
+
+
+def _copy_into_new(src: Path, dst: Path, progress: Progress, base: int, step: Callable[[BinaryIO, int], int]) -> int:
+    """Copy `src` into a new file `dst`, one `step(src file, dst fd)` at a time (bytes moved, 0 at the
+    end): the hashing copy and the in-kernel one differ only in the step. The writes are flushed
+    behind as they go and fsynced at the end (Writeback); `progress` hears base + bytes so far."""
     n = 0
     with open(src, "rb", buffering=0) as f:
         fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         wb = Writeback(fd)
         try:
-            while True:
-                got = os.copy_file_range(f.fileno(), fd, _COPY_CHUNK)
-                if not got:
-                    break
+            while got := step(f, fd):
                 n += got
                 wb.wrote(n)
                 progress(base + n)
