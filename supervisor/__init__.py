@@ -6,8 +6,8 @@ env names, exit codes) is `trainer_shim.rundir`.
 Where things live (one room per idea; each room's __init__ maps its modules):
 
     process/      process control: spawn, watch and stop the job's processes
-                    attempts, cgroup, first_attempt, heartbeat, launch, prestart, procs, snapshots,
-                    stopping, wakeup
+                    attempts, below, cgroup, first_attempt, heartbeat, launch, leftover, lock,
+                    prestart, procs, snapshots, stopping, wakeup, warmable
     decisions/    what an ended attempt means and what to do next
                     choice, classify, decide, divergence, failure_policy, learned_timeout, policy,
                     smart_restarts
@@ -19,8 +19,9 @@ Where things live (one room per idea; each room's __init__ maps its modules):
     agent         Supervisor: one loop, signal handlers that only queue, handle_<sig>
     cli           typer: parse and render only
     cli_insight   the `doctor` and `report` commands
+    cli_options   `run`'s flags, derived from their one declaration in config (Config fields with a CliOption)
     cli_slots     the `slots` command: memory snapshot slots in /dev/shm, freeing them
-    config        flags + YAML, one schema with every default
+    config        flags + YAML, one schema with every default; each `run` flag declared on its field
     errors        exceptions, each carrying its exit code
     jobspec       what `run`'s job tokens and run dir mean, checked before anything starts
     messages      `say`: the one-line stderr messages
@@ -48,7 +49,8 @@ _PUBLIC = {
     "SupervisorError": ".errors", "ConfigError": ".errors", "RunDirError": ".errors", "LockedError": ".errors",
     "CgroupError": ".process.cgroup",
     "EXIT_OK": ".errors", "EXIT_GAVE_UP": ".errors", "EXIT_USAGE": ".errors", "EXIT_LOCKED": ".errors",
-    "EXIT_STOPPED": ".errors",
+    "EXIT_STOPPED": ".errors", "EXIT_UNHEALTHY": ".errors", "EXIT_INVALID_CHECKPOINT": ".errors",
+    "EXIT_NOT_STOPPED": ".errors", "EXIT_INTERRUPTED": ".errors",
 }
 
 __all__ = list(_PUBLIC)

@@ -3,9 +3,10 @@
 Shape (after gunicorn's arbiter): signal handlers only queue; the loop sleeps on one self-pipe
 (wakeup.py), dispatches queued signals to `handle_<sig>` methods, polls the attempt, watches its
 heartbeats and restarts it when the policy says so. What is not the loop lives beside it:
-attempts.py (an attempt and how its end is assessed), journal.py (lock, events, supervisor.json,
-history), prestart.py (the next attempt's launcher), first_attempt.py (on a new node it starts
-during the mirror download), periodic.py (the duties of every turn: watchdog, journal retries,
+attempts.py (an attempt and how its end is assessed), lock.py and leftover.py (one supervisor per
+run dir; a trainer its dead supervisor left), journal.py (events, supervisor.json, history),
+prestart.py (the next attempt's launcher), first_attempt.py (on a new node it starts during the
+mirror download), periodic.py (the duties of every turn: watchdog, journal retries,
 metrics, learned timeouts, mirror uploads), snapshots.py, smart_restarts.py.
 """
 
@@ -29,12 +30,14 @@ from .decisions.decide import decide
 from .errors import EXIT_GAVE_UP, EXIT_OK, EXIT_STOPPED, RunDirError
 from .messages import say
 from .process.heartbeat import HeartbeatEvents, HeartbeatMonitor, allowance
-from .insight.journal import History, Journal, acquire_lock, kill_leftover_trainer, recover_history, state_record
+from .insight.journal import History, Journal, recover_history, state_record
 from .decisions.learned_timeout import TimeoutLearner
 from .insight.notify import Notifier
 from .insight.periodic import PeriodicDuties
 from .decisions.policy import Action, RestartPolicy
 from .process.launch import torchrun_options
+from .process.leftover import kill_leftover_trainer
+from .process.lock import acquire_lock
 from .process.first_attempt import start_first_attempt
 from .process.prestart import Prestarter, standby_fields
 from .decisions.smart_restarts import SmartRestarts
@@ -285,7 +288,7 @@ class Supervisor:
         say(f"attempt {result.attempt} ended: {result.kind.value} ({result.evidence})")
         v = decide(result, policy=self.policy, smart=self.smart, rd=self.rd,
                    failures_of_kind=self.history.failures[result.kind.value], poisoned=self.history.poisoned,
-                   stop_requested=self.stop_requested, crash_loop_attempts=self.config.crash_loop_attempts)
+                   stop_requested=self.stop_requested)
         for path, why in v.poison:
             self.choice.poison(path, why)
         if v.action is Action.DONE:

@@ -5,13 +5,15 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import typer
+from rich.markup import escape
 
 from .insight import render
-from .config import DEFAULTS, Config, build_config, load_config_file
-from .errors import EXIT_GAVE_UP, EXIT_OK, EXIT_USAGE, SupervisorError
+from .cli_options import with_run_options
+from .config import Config, build_config, load_config_file
+from .errors import EXIT_INTERRUPTED, EXIT_INVALID_CHECKPOINT, EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE, SupervisorError
 from .jobspec import command_mode, resolve_job, run_dir_of
 from .messages import say
 from .insight.status import list_checkpoints, open_run_dir, read_status, supervised_parts
@@ -28,47 +30,19 @@ app = typer.Typer(
 )
 
 @app.command(context_settings={"allow_interspersed_args": False})
+@with_run_options   # every other flag of `run`: one per Config field declared with a CliOption
 def run(
     ctx: typer.Context,
     job: Optional[List[str]] = typer.Argument(None, metavar="SCRIPT.py [ARGS]... | -- COMMAND [ARGS]...", show_default=False),
-    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Run directory (default runs/<script stem>)."),
     config: Optional[Path] = typer.Option(None, "--config", help="YAML job file (same names in snake_case; flags win)."),
-    max_restarts: Optional[int] = typer.Option(None, "--max-restarts", help=f"Restarts before giving up (default {DEFAULTS.max_restarts})."),
-    backoff: Optional[float] = typer.Option(None, "--backoff", help=f"First restart delay in seconds, doubling up to {DEFAULTS.backoff_max:g}; 0 restarts at once (default {DEFAULTS.backoff:g})."),
-    heartbeat_timeout: Optional[str] = typer.Option(None, "--heartbeat-timeout", help=f"Seconds without a heartbeat change before a hang (default {DEFAULTS.heartbeat_timeout:g}), or `auto`: per phase max(floor, 5 x p99 of the intervals seen)."),
-    heartbeat_timeout_floor: Optional[float] = typer.Option(None, "--heartbeat-timeout-floor", help=f"Lower bound of a learned (auto) heartbeat timeout (default {DEFAULTS.heartbeat_timeout_floor:g})."),
-    startup_timeout: Optional[float] = typer.Option(None, "--startup-timeout", help=f"Seconds from spawn to first heartbeat (default {DEFAULTS.startup_timeout:g})."),
-    save_timeout: Optional[float] = typer.Option(None, "--save-timeout", help=f"Seconds a save may go without progress (default {DEFAULTS.save_timeout:g})."),
-    grace_period: Optional[float] = typer.Option(None, "--grace-period", help=f"Seconds from SIGTERM to SIGKILL (default {DEFAULTS.grace_period:g})."),
-    memory_limit: Optional[str] = typer.Option(None, "--memory-limit", help="Memory cgroup limit for the job, e.g. 8G."),
-    no_restart_exit_codes: Optional[str] = typer.Option(None, "--no-restart-exit-codes", help=f"Exit codes that are never retried (default {','.join(map(str, DEFAULTS.no_restart_exit_codes))})."),
-    working_dir: Optional[Path] = typer.Option(None, "--working-dir", help="Working directory of the job."),
-    nproc_per_node: Optional[int] = typer.Option(None, "--nproc-per-node", help="Run SCRIPT.py under torchrun with this many ranks on this node."),
-    nnodes: Optional[int] = typer.Option(None, "--nnodes", help="Number of nodes (with --nproc-per-node; >1 needs --node-rank and --rdzv-endpoint)."),
-    node_rank: Optional[int] = typer.Option(None, "--node-rank", help="This node's rank, 0..nnodes-1."),
-    rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint", help="HOST:PORT of the c10d rendezvous, the same on every node."),
-    prestart: Optional[bool] = typer.Option(None, "--prestart/--no-prestart", help="torchrun and Python jobs (SCRIPT.py, -m MODULE, console scripts of this Python): import the next attempt's launcher / a warm interpreter ahead of a restart (default on; ~250 MB idle)."),
-    preload: Optional[str] = typer.Option(None, "--preload", help="MODULE,...: what a warm interpreter imports besides torch and the frameworks the last attempt recorded."),
-    divergence_window: Optional[int] = typer.Option(None, "--divergence-window", help=f"A job that diverges (non-finite loss) within this many steps of its resume condemns that checkpoint (default {DEFAULTS.divergence_window})."),
-    mirror: Optional[str] = typer.Option(None, "--mirror", help="s3://BUCKET/PREFIX: upload every checkpoint there in the background and resume from it on a new node (needs resilient-run[s3]; endpoint and credentials from the AWS environment)."),
-    auto_attach: Optional[bool] = typer.Option(None, "--auto-attach/--no-auto-attach", help="Give every HF / Lightning Trainer of the job the resilient callback and the resume point, with no code in the script (default on)."),
-    strict_resume: Optional[bool] = typer.Option(None, "--strict-resume/--no-strict-resume", help="Refuse (exit 2, not retried) to resume a checkpoint whose git commit, dirty state or arguments differ (default: warn)."),
+    **options: Any,
 ) -> None:
     """Run SCRIPT.py (under this Python) or `-- COMMAND` and keep it alive until it succeeds."""
     from .agent import Supervisor  # imported here so `status` stays quick
 
     tokens = list(job or [])
     file_values = load_config_file(config) if config else {}
-    cli_values = {
-        **resolve_job(tokens, command_mode(ctx.obj or [], tokens)),
-        "run_dir": str(run_dir) if run_dir else None, "max_restarts": max_restarts, "backoff": backoff,
-        "heartbeat_timeout": heartbeat_timeout, "startup_timeout": startup_timeout, "save_timeout": save_timeout,
-        "grace_period": grace_period, "memory_limit": memory_limit, "no_restart_exit_codes": no_restart_exit_codes,
-        "working_dir": str(working_dir) if working_dir else None,
-        "nproc_per_node": nproc_per_node, "nnodes": nnodes, "node_rank": node_rank, "rdzv_endpoint": rdzv_endpoint,
-        "prestart": prestart, "heartbeat_timeout_floor": heartbeat_timeout_floor, "divergence_window": divergence_window, "strict_resume": strict_resume,
-        "preload": preload, "mirror": mirror, "auto_attach": auto_attach,
-    }
+    cli_values = {**resolve_job(tokens, command_mode(ctx.obj or [], tokens)), **options}
     cfg: Config = build_config(file_values, cli_values)
     raise typer.Exit(Supervisor(cfg, run_dir_of(cfg, config, tokens)).run())
 
@@ -80,7 +54,7 @@ def status(
     watch: bool = typer.Option(False, "--watch", help="Refresh in place until interrupted."),
     interval: float = typer.Option(1.0, "--interval", min=0.1, help="Refresh interval for --watch, seconds (at least 0.1)."),
 ) -> None:
-    """Show the job's state; exit 0 when running with a fresh heartbeat or succeeded, else 1.
+    """Show the job's state; exit 0 when running with a fresh heartbeat or succeeded, else 1 (unhealthy).
 
     A multi-node run dir shows every node's supervisor; it is healthy only when all are."""
     parts = supervised_parts(open_run_dir(run_dir))
@@ -98,7 +72,7 @@ def status(
 
         for rd, rep in reps:
             Console().print(render.status_table(rep, render.title(rd)))
-    raise typer.Exit(EXIT_OK if all(rep.healthy for _, rep in reps) else EXIT_GAVE_UP)
+    raise typer.Exit(EXIT_OK if all(rep.healthy for _, rep in reps) else EXIT_UNHEALTHY)
 
 
 @app.command()
@@ -117,7 +91,7 @@ def checkpoints(
 
         console = Console()
         console.print(render.checkpoints_table(rows, verify, console.width) if rows else "no checkpoints")
-    raise typer.Exit(EXIT_GAVE_UP if verify and any(r.problem for r in rows) else EXIT_OK)
+    raise typer.Exit(EXIT_INVALID_CHECKPOINT if verify and any(r.problem for r in rows) else EXIT_OK)
 
 
 @app.command()
@@ -135,7 +109,8 @@ def stop(
 
 @app.command("export")
 def export_cmd(
-    ckpt_dir: str = typer.Argument(..., metavar="CKPT_DIR", help="A checkpoint dir (or a run dir: its newest valid checkpoint), or s3://BUCKET/PREFIX[/step-N] (a mirror's newest, or that checkpoint)."),
+    # escape: typer renders help as rich markup, and `[/step-N]` is a closing tag to it (--help crashed)
+    ckpt_dir: str = typer.Argument(..., metavar="CKPT_DIR", help=escape("A checkpoint dir (or a run dir: its newest valid checkpoint), or s3://BUCKET/PREFIX[/step-N] (a mirror's newest, or that checkpoint).")),
     out: Path = typer.Argument(..., metavar="OUT", help="Output file."),
     fmt: str = typer.Option("torch", "--format", help="torch or safetensors."),
     model_only: bool = typer.Option(False, "--model-only", help="Only the model's state dict."),
@@ -170,7 +145,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         say(f"error: {e}")
         rc = e.exit_code
     except KeyboardInterrupt:
-        rc = 130
+        rc = EXIT_INTERRUPTED
     except Exception as e:  # click usage errors (typer may vendor click, so match by shape)
         if hasattr(e, "format_message") and hasattr(e, "exit_code"):
             sub = args[0] if args and args[0] in COMMANDS else ""

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
+from rich.markup import escape
 
 from .insight import render
 from .errors import EXIT_USAGE, ConfigError
@@ -54,7 +55,8 @@ def doctor(
 def report(
     run_dir: Path = typer.Argument(..., metavar="RUN_DIR"),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
-    png: Optional[Path] = typer.Option(None, "--png", help="Also draw a timeline PNG (needs the [report] extra)."),
+    # escape: typer renders help as rich markup, which would swallow `[report]` as a style tag
+    png: Optional[Path] = typer.Option(None, "--png", help=escape("Also draw a timeline PNG (needs the [report] extra).")),
 ) -> None:
     """What the failures of a run cost: per attempt, recovery times, lost steps and goodput."""
     from .insight.report import build_report, render_png, render_text

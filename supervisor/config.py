@@ -21,43 +21,90 @@ from trainer_shim.rundir import EXIT_REFUSED, parse_callback_options
 
 from .errors import ConfigError
 
-__all__ = ["Config", "DEFAULTS", "load_config_file", "build_config", "parse_size", "parse_exit_codes"]
+__all__ = ["Config", "CliOption", "DEFAULTS", "cli_options", "option_help", "load_config_file", "build_config", "parse_size",
+           "parse_exit_codes"]
+
+
+@dataclasses.dataclass(frozen=True)
+class CliOption:
+    """How `resilient-run run` takes a Config field as a flag. Declared on the field itself, so the
+    flag, its help, the YAML key (the field's name) and the default are written once; cli_options
+    derives run's typer parameters from these, and _validate parses flag and YAML values alike."""
+
+    flag: str           # "--max-restarts", or "--prestart/--no-prestart" for an on/off pair
+    help: str           # may name {default} and any field's default, e.g. {backoff_max}
+    cli_type: type      # what typer parses the flag's text into, before _validate checks it
+
+
+def _flag(default: Any, flag: str, help: str, cli_type: Optional[type] = None) -> Any:
+    """A Config field that is also a `run` flag; cli_type defaults to the type of the default."""
+    return dataclasses.field(default=default, metadata={"cli": CliOption(flag, help, cli_type or type(default))})
 
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    """A validated job configuration (frozen: what the supervisor runs with never changes)."""
+    """A validated job configuration (frozen: what the supervisor runs with never changes).
+
+    The fields declared with _flag are `run`'s flags; the others are set by the job tokens or YAML only."""
 
     command: tuple[str, ...] = ()     # full argv of the child
     script: Optional[str] = None      # set when the job is `SCRIPT.py`: runs under our Python
     args: tuple[str, ...] = ()
-    run_dir: Optional[str] = None     # default: runs/<script stem>
-    max_restarts: int = 10
-    backoff: float = 1.0              # first delay; doubles; reset after progress; 0 = at once
+    run_dir: Optional[str] = _flag(None, "--run-dir", "Run directory (default runs/<script stem>).", Path)
+    max_restarts: int = _flag(10, "--max-restarts", "Restarts before giving up (default {default}).")
+    # first delay; doubles; reset after progress; 0 = at once
+    backoff: float = _flag(1.0, "--backoff", "First restart delay in seconds, doubling up to {backoff_max}; "
+                           "0 restarts at once (default {default}).")
     backoff_max: float = 60.0
-    heartbeat_timeout: float = 600.0
+    # The flag takes `auto` too, hence text; _seconds_field turns it into heartbeat_timeout_auto.
+    heartbeat_timeout: float = _flag(600.0, "--heartbeat-timeout", "Seconds without a heartbeat change before a hang "
+                                     "(default {default}), or `auto`: per phase max(floor, 5 x p99 of the intervals seen).", str)
     heartbeat_timeout_auto: bool = False  # `--heartbeat-timeout auto`: learn per-phase limits (configured ones until then)
-    heartbeat_timeout_floor: float = 60.0  # a learned limit is never below this
-    startup_timeout: float = 900.0    # spawn to first heartbeat (and allowance of phase `starting`)
-    save_timeout: float = 1800.0      # allowance of phase `saving` without progress
-    grace_period: float = 30.0        # SIGTERM to SIGKILL
-    memory_limit: Optional[int] = None  # bytes; puts the child tree in its own memory cgroup
-    no_restart_exit_codes: tuple[int, ...] = (EXIT_REFUSED,)  # a refusal of the trainer: retrying cannot help
+    # a learned limit is never below this
+    heartbeat_timeout_floor: float = _flag(60.0, "--heartbeat-timeout-floor",
+                                           "Lower bound of a learned (auto) heartbeat timeout (default {default}).")
+    # spawn to first heartbeat (and allowance of phase `starting`)
+    startup_timeout: float = _flag(900.0, "--startup-timeout", "Seconds from spawn to first heartbeat (default {default}).")
+    # allowance of phase `saving` without progress
+    save_timeout: float = _flag(1800.0, "--save-timeout", "Seconds a save may go without progress (default {default}).")
+    grace_period: float = _flag(30.0, "--grace-period", "Seconds from SIGTERM to SIGKILL (default {default}).")
+    # bytes; puts the child tree in its own memory cgroup
+    memory_limit: Optional[int] = _flag(None, "--memory-limit", "Memory cgroup limit for the job, e.g. 8G.", str)
+    # a refusal of the trainer: retrying cannot help
+    no_restart_exit_codes: tuple[int, ...] = _flag((EXIT_REFUSED,), "--no-restart-exit-codes",
+                                                   "Exit codes that are never retried (default {default}).", str)
     crash_loop_attempts: int = 3      # attempts without progress before the checkpoint is poisoned
     env: tuple[tuple[str, str], ...] = ()
-    working_dir: Optional[str] = None
+    working_dir: Optional[str] = _flag(None, "--working-dir", "Working directory of the job.", Path)
     metrics_textfile_dir: Optional[str] = None  # node-exporter textfile collector dir
-    nproc_per_node: Optional[int] = None
-    nnodes: Optional[int] = None
-    node_rank: Optional[int] = None
-    rdzv_endpoint: Optional[str] = None
-    prestart: bool = True             # torchrun / python SCRIPT.py jobs: start the next attempt's launcher ahead of need
-    preload: tuple[str, ...] = ()     # modules a warm interpreter (Python jobs) imports besides torch
-    divergence_window: int = 200      # a `diverged` attempt this many steps after its resume poisons that checkpoint
-    strict_resume: bool = False       # a provenance mismatch on resume is an exit-2 refusal, not a warning
+    nproc_per_node: Optional[int] = _flag(None, "--nproc-per-node",
+                                          "Run SCRIPT.py under torchrun with this many ranks on this node.", int)
+    nnodes: Optional[int] = _flag(None, "--nnodes", "Number of nodes (with --nproc-per-node; >1 needs --node-rank "
+                                  "and --rdzv-endpoint).", int)
+    node_rank: Optional[int] = _flag(None, "--node-rank", "This node's rank, 0..nnodes-1.", int)
+    rdzv_endpoint: Optional[str] = _flag(None, "--rdzv-endpoint",
+                                         "HOST:PORT of the c10d rendezvous, the same on every node.", str)
+    # torchrun / python SCRIPT.py jobs: start the next attempt's launcher ahead of need
+    prestart: bool = _flag(True, "--prestart/--no-prestart", "torchrun and Python jobs (SCRIPT.py, -m MODULE, "
+                           "console scripts of this Python): import the next attempt's launcher / a warm interpreter "
+                           "ahead of a restart (default on; ~250 MB idle).")
+    # modules a warm interpreter (Python jobs) imports besides torch
+    preload: tuple[str, ...] = _flag((), "--preload", "MODULE,...: what a warm interpreter imports besides torch and "
+                                     "the frameworks the last attempt recorded.", str)
+    # a `diverged` attempt this many steps after its resume poisons that checkpoint
+    divergence_window: int = _flag(200, "--divergence-window", "A job that diverges (non-finite loss) within this many "
+                                   "steps of its resume condemns that checkpoint (default {default}).")
+    # a provenance mismatch on resume is an exit-2 refusal, not a warning
+    strict_resume: bool = _flag(False, "--strict-resume/--no-strict-resume", "Refuse (exit 2, not retried) to resume "
+                                "a checkpoint whose git commit, dirty state or arguments differ (default: warn).")
     policy: tuple = ()                # failure_policy.KindRule per failure kind (the YAML `policy:` section)
-    mirror: Optional[str] = None      # s3://BUCKET/PREFIX: checkpoints mirrored to object storage
-    auto_attach: bool = True          # the job's HF / Lightning Trainers get the callback and resume point by themselves
+    # s3://BUCKET/PREFIX: checkpoints mirrored to object storage
+    mirror: Optional[str] = _flag(None, "--mirror", "s3://BUCKET/PREFIX: upload every checkpoint there in the "
+                                  "background and resume from it on a new node (needs resilient-run[s3]; endpoint "
+                                  "and credentials from the AWS environment).", str)
+    # the job's HF / Lightning Trainers get the callback and resume point by themselves
+    auto_attach: bool = _flag(True, "--auto-attach/--no-auto-attach", "Give every HF / Lightning Trainer of the job "
+                              "the resilient callback and the resume point, with no code in the script (default on).")
     callback: tuple = ()              # (name, value) options of an auto-attached callback (the YAML `callback:` mapping)
 
     @property
@@ -71,6 +118,24 @@ class Config:
 
 
 DEFAULTS = Config()
+
+
+def cli_options() -> dict[str, CliOption]:
+    """Config field name -> its `run` flag, in declaration order."""
+    return {f.name: f.metadata["cli"] for f in dataclasses.fields(Config) if "cli" in f.metadata}
+
+
+def _shown(value: Any) -> str:
+    """A default as --help shows it: 60 for 60.0, 2,3 for (2, 3)."""
+    if isinstance(value, float):
+        return f"{value:g}"
+    return ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
+
+
+def option_help(name: str) -> str:
+    """The help of field `name`'s flag, with the defaults it names filled in."""
+    shown = {f.name: _shown(getattr(DEFAULTS, f.name)) for f in dataclasses.fields(Config)}
+    return cli_options()[name].help.format(default=shown[name], **shown)
 
 # YAML keys and the field each sets; `command` may be a string (shell-split) or a list.
 _FIELDS = {f.name: f for f in dataclasses.fields(Config)}

@@ -6,10 +6,14 @@ The exit codes themselves are defined with every other exit code in the contract
 
 from __future__ import annotations
 
-from trainer_shim.rundir import EXIT_GAVE_UP, EXIT_LOCKED, EXIT_OK, EXIT_STOPPED, EXIT_USAGE
+from trainer_shim.rundir import (
+    EXIT_GAVE_UP, EXIT_INTERRUPTED, EXIT_INVALID_CHECKPOINT, EXIT_LOCKED, EXIT_NOT_STOPPED, EXIT_OK, EXIT_STOPPED,
+    EXIT_UNHEALTHY, EXIT_USAGE,
+)
 
 __all__ = ["SupervisorError", "ConfigError", "RunDirError", "LockedError",
-           "EXIT_OK", "EXIT_GAVE_UP", "EXIT_USAGE", "EXIT_LOCKED", "EXIT_STOPPED"]
+           "EXIT_OK", "EXIT_GAVE_UP", "EXIT_USAGE", "EXIT_LOCKED", "EXIT_STOPPED",
+           "EXIT_UNHEALTHY", "EXIT_INVALID_CHECKPOINT", "EXIT_NOT_STOPPED", "EXIT_INTERRUPTED"]
 
 
 class SupervisorError(Exception):

@@ -5,6 +5,10 @@
 - The contract imports nothing above itself (no other trainer_shim module, no supervisor).
 - No supervisor module imports torch, and none pulls it in indirectly: each is also imported in
   a fresh interpreter that must end without `torch` in sys.modules.
+- No supervisor module reads another object's underscore name that the project itself defines
+  (`obj._x`, where `_x` is bound somewhere in supervisor/ or trainer_shim/): a private name is its
+  owner's to change. A library's documented internal (os._exit) is not the project's, so it passes.
+  (tests/shim/test_module_boundaries.py holds trainer_shim to the same rule.)
 - No import circles among the imports of the supervisor and of the contract, wherever they stand:
   a function-level import (done late to keep a command quick) is still a dependency, and imports
   under `if TYPE_CHECKING` count too: a module that names another's type depends on it as much as
@@ -193,3 +197,43 @@ def test_no_import_circle_in_the_supervisor() -> None:
 def test_no_import_circle_in_the_contract() -> None:
     graph = {m: deps for m, deps in import_graph(SHIM).items() if _within(m, CONTRACT)}
     assert circles(graph) == []
+
+
+def private_names(paths: list[Path]) -> frozenset[str]:
+    """Every underscore name the code at `paths` binds: functions, classes, globals, fields, attributes."""
+    names: set[str] = set()
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                names.add(node.id)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                names.add(node.attr)
+    return frozenset(n for n in names if n.startswith("_") and not n.startswith("__"))
+
+
+def foreign_private_reads(path: Path, private: frozenset[str]) -> list[str]:
+    """`file:line: expr` for each read of a project-defined underscore attribute off anything but self/cls."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Attribute) and node.attr in private:
+            if not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+                out.append(f"{path.relative_to(REPO) if REPO in path.parents else path}:{node.lineno}: {ast.unparse(node)}")
+    return out
+
+
+PROJECT_PRIVATE = private_names([*SUPERVISOR_MODULES.values(), *modules_of(SHIM).values()])
+
+
+def test_no_supervisor_module_reads_another_objects_private_names() -> None:
+    found = [hit for path in SUPERVISOR_MODULES.values() for hit in foreign_private_reads(path, PROJECT_PRIVATE)]
+    assert found == []
+
+
+def test_the_private_read_scan_finds_what_it_looks_for(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text("import os\nclass A:\n    def _x(self):\n        return self._x, os._exit\n"
+                   "def f(a):\n    return a._x\n")
+    assert [line.split(": ")[1] for line in foreign_private_reads(bad, private_names([bad]))] == ["a._x"]
+    assert "_exit" not in PROJECT_PRIVATE and {"_validate", "_PARSERS"} <= PROJECT_PRIVATE

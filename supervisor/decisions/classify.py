@@ -42,7 +42,8 @@ class AttemptFacts:
             return -self.returncode
         return self.below.signal if self.below is not None else None
 
-    def _how(self) -> str:
+    def how(self) -> str:
+        """How the attempt died, for the evidence: a trainer's death below its launcher, a signal or an exit code."""
         if self.below is not None:
             return f"{self.below.describe()} (launcher exit code {self.exit_code})"
         return f"killed by {_signame(self.signal)}" if self.signal else f"exit code {self.exit_code}"
@@ -88,9 +89,9 @@ def classify(f: AttemptFacts) -> tuple[Kind, str]:
     if f.error is not None and is_cuda_oom(f.error):
         return Kind.CUDA_OOM, _error_text(f.error)
     if f.oom_evidence:
-        return Kind.OOM, f"{f._how()}; " + "; ".join(f.oom_evidence)
+        return Kind.OOM, f"{f.how()}; " + "; ".join(f.oom_evidence)
     if f.signal is not None:
-        return Kind.SIGNAL, f"{f._how()}; no OOM evidence in cgroup or kernel log"
+        return Kind.SIGNAL, f"{f.how()}; no OOM evidence in cgroup or kernel log"
     if f.rendezvous_error and not f.rank_failures:
         why = " (another node's previous attempt had not ended yet)" if f.rendezvous_error.closed else ""
         return Kind.RENDEZVOUS, (f"exit code {f.exit_code}; torchrun could not join its peers: "

@@ -1,4 +1,4 @@
-"""What to do after an attempt ends: one typed verdict from the policy judgements (divergence
+"""What to do after an attempt ends: one Decision from the policy judgements (divergence
 fallback, per-kind budgets, refused resumes) followed by the generic restart policy."""
 
 from __future__ import annotations
@@ -10,25 +10,15 @@ from trainer_shim.rundir import RunDir
 
 from ..process.attempts import AttemptResult
 from .classify import Kind
-from .policy import Action, RestartPolicy
+from .policy import Action, Decision, RestartPolicy
 from .smart_restarts import SmartRestarts
 
-__all__ = ["Verdict", "decide"]
-
-
-@dataclasses.dataclass(frozen=True)
-class Verdict:
-    action: Action
-    delay_s: float = 0.0
-    reason: str = ""                               # the gave_up reason (or the policy's for other actions)
-    detail: str = ""
-    poison: tuple[tuple[str, str], ...] = ()       # (checkpoint, why): never resume from it again
-    crash_loop: bool = False                       # the restart policy condemned the checkpoint resumed from
+__all__ = ["Decision", "decide"]
 
 
 def decide(result: AttemptResult, *, policy: RestartPolicy, smart: SmartRestarts, rd: RunDir,
-           failures_of_kind: int, poisoned: set[str], stop_requested: bool, crash_loop_attempts: int) -> Verdict:
-    """The verdict on `result`; `policy` and `smart` keep their own counters across calls."""
+           failures_of_kind: int, poisoned: set[str], stop_requested: bool) -> Decision:
+    """The decision on `result`; `policy` and `smart` keep their own counters across calls."""
     poison: list[tuple[str, str]] = []
     if result.kind is not Kind.SUCCESS and not stop_requested:
         j = smart.judge_attempt(result, rd, failures_of_kind)
@@ -36,12 +26,10 @@ def decide(result: AttemptResult, *, policy: RestartPolicy, smart: SmartRestarts
         if j.poison:
             policy.no_progress = 0   # the fallback is this failure's answer; no second crash-loop poisoning
         if j.give_up is not None:
-            return Verdict(Action.GIVE_UP, reason=j.give_up, detail=j.detail, poison=tuple(poison))
+            return Decision(Action.GIVE_UP, reason=j.give_up, detail=j.detail, poison=tuple(poison))
     # Under torchrun the rank's own exit code (e.g. 2: a configuration error) decides, not torchrun's 1.
     code = result.rank_exit_code if result.rank_exit_code is not None else result.exit_code
     d = policy.decide(result.kind, code, progressed=result.progressed, resumed_from=result.resumed_from,
                       stop_requested=stop_requested, now=time.monotonic())
-    if d.poison:
-        poison.append((d.poison, f"{crash_loop_attempts} attempts in a row resumed from it and made no progress"))
-    return Verdict(d.action, delay_s=d.delay_s, reason=d.reason, poison=tuple(poison), crash_loop=bool(d.poison))
+    return dataclasses.replace(d, poison=(*poison, *d.poison))
 

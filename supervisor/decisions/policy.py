@@ -25,10 +25,15 @@ class Action(str, enum.Enum):
 
 @dataclasses.dataclass(frozen=True)
 class Decision:
+    """What to do after an attempt ends: the restart policy's answer, which decisions.decide
+    completes with what the smarter judgements (divergence, per-kind budgets) condemn."""
+
     action: Action
     delay_s: float = 0.0
-    reason: str = ""
-    poison: Optional[str] = None   # checkpoint path the crash loop condemns
+    reason: str = ""                               # the gave_up reason (or the policy's for other actions)
+    detail: str = ""
+    poison: tuple[tuple[str, str], ...] = ()       # (checkpoint, why): never resume from it again
+    crash_loop: bool = False                       # the restart policy condemned the checkpoint resumed from
 
 
 @dataclasses.dataclass
@@ -74,13 +79,13 @@ class RestartPolicy:
             self.failures_since_progress = 0
         elif kind is not Kind.RENDEZVOUS:  # no rank loaded the checkpoint: no evidence against it
             self.no_progress += 1
-        poison = None
+        poison: tuple[tuple[str, str], ...] = ()
         if self.no_progress >= self.crash_loop_attempts:
             if resumed_from is None:
                 return Decision(Action.GIVE_UP, reason=(
                     f"crash loop: {self.no_progress} attempts in a row made no progress and there is "
                     "no older checkpoint to fall back to"))
-            poison = resumed_from
+            poison = ((resumed_from, f"{self.crash_loop_attempts} attempts in a row resumed from it and made no progress"),)
             self.no_progress = 0
         if self.restarts >= self.max_restarts:
             return Decision(Action.GIVE_UP, reason=f"restarts exhausted ({self.restarts} of --max-restarts {self.max_restarts})")
@@ -89,7 +94,7 @@ class RestartPolicy:
         if kind is not Kind.PREEMPTED and self.backoff > 0:
             delay = min(self.backoff * (2 ** self.failures_since_progress), self.backoff_max)
             self.failures_since_progress += 1
-        return Decision(Action.RESTART, delay_s=delay, reason=kind.value, poison=poison)
+        return Decision(Action.RESTART, delay_s=delay, reason=kind.value, poison=poison, crash_loop=bool(poison))
 
     def _rejoin(self, now: float) -> Optional[Decision]:
         """A free restart while the peers may still be ending their attempt (None once the window is over).

@@ -2,7 +2,7 @@
 
     doctor    `doctor`: run a job twice and compare
     export    `export`: verify a checkpoint here, convert it in a child
-    journal   the lock, events.jsonl, supervisor.json, history of earlier supervisors
+    journal   events.jsonl, supervisor.json, history of earlier supervisors
     metrics   the Prometheus textfile
     notify    systemd sd_notify (READY, WATCHDOG, STATUS)
     periodic  every turn of the loop: watchdog, journal retries, metrics file, learned timeouts, mirror poll

@@ -1,5 +1,6 @@
-"""The supervisor's own records in the run dir: the lock, events.jsonl, supervisor.json, and what
-an earlier supervisor of the same run dir left behind (its history, a trainer that outlived it).
+"""The supervisor's own records in the run dir: events.jsonl, supervisor.json, and the history an
+earlier supervisor of the same run dir left behind. (Taking the lock and ending a trainer that
+outlived its supervisor are process control: supervisor.process.lock and .leftover.)
 
 Writes never stop supervision: a failed write (disk full) is kept, warned about once, and retried
 by the loop's tick until it lands, in order.
@@ -8,13 +9,10 @@ by the loop's tick until it lands, in order.
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import os
 import socket
 from collections import Counter
 from typing import Any, Callable, Optional
-
-import psutil
 
 from trainer_shim.rundir import (
     ContractError, Event, RunDir, SupervisorState, append_event, atomic_write_json, next_attempt_number,
@@ -24,29 +22,9 @@ from trainer_shim.rundir import (
 from ..process import procs
 from ..decisions.classify import Kind
 from ..config import Config
-from ..errors import LockedError, RunDirError
 from ..messages import say
 
-__all__ = ["Journal", "History", "recover_history", "kill_leftover_trainer", "acquire_lock", "state_record"]
-
-def acquire_lock(rd: RunDir) -> int:
-    """The run dir's exclusive flock, holding our pid; LockedError names the supervisor that has it."""
-    try:
-        fd = os.open(rd.lock, os.O_RDWR | os.O_CREAT, 0o600)
-    except OSError as e:
-        raise RunDirError(f"cannot open {rd.lock}: {e.strerror}; check the run dir's permissions") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        raw = os.read(fd, 64).decode(errors="replace").strip()
-        os.close(fd)
-        which = "" if rd.node is None else f" (node {rd.node})"
-        raise LockedError(
-            f"run dir {rd.root}{which} is in use by supervisor pid {raw or '?'}; "
-            f"stop it with `resilient-run stop {rd.root}` or pick another --run-dir") from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return fd
+__all__ = ["Journal", "History", "recover_history", "state_record"]
 
 
 @dataclasses.dataclass
@@ -72,32 +50,6 @@ def recover_history(rd: RunDir) -> History:
         if ev.get("event") == Event.ATTEMPT_STARTED:
             h.attempts_total += 1
     return h
-
-
-def kill_leftover_trainer(rd: RunDir, grace: float, tick: Callable[[], None]) -> None:
-    """A trainer whose supervisor died must go before a new one starts on the same run dir; a
-    process that merely reuses its pid (other start time or command line) is left alone."""
-    try:
-        prev = SupervisorState.read(rd.supervisor_state)
-    except ContractError:
-        return
-    pid = prev.child_pid
-    if not pid:
-        return
-    proc = procs.matches(pid, prev.child_create_time)
-    if proc is None:
-        if psutil.pid_exists(int(pid)):
-            say(f"pid {pid} recorded in supervisor.json is no longer our trainer (start time differs); leaving it alone")
-        return
-    try:
-        cmd = proc.cmdline()
-    except psutil.Error:
-        cmd = None
-    if prev.child_cmdline and cmd != prev.child_cmdline:
-        say(f"pid {pid} recorded in supervisor.json runs another command ({' '.join(cmd or [])[:80]}); leaving it alone")
-        return
-    say(f"stopping trainer pid {pid} left over from a supervisor that died")
-    procs.kill_tree(int(pid), grace=grace, tick=tick)
 
 
 def state_record(state: str, rd: RunDir, child: Optional[procs.Child], *, attempt: int, restarts: int,

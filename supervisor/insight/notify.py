@@ -79,7 +79,11 @@ class Notifier:
 
     def ready(self, status: Optional[str] = None) -> None:
         """Tell systemd start-up is complete (READY=1), with an optional status line."""
-        lines = ["READY=1"]
+        self._send_state("READY=1", status)
+
+    def _send_state(self, state: str, status: Optional[str]) -> None:
+        """One datagram: a state change and the status line with it (systemd applies them together)."""
+        lines = [state]
         if status is not None:
             lines.append(f"STATUS={status}")
             self._last_status = status
@@ -105,11 +109,7 @@ class Notifier:
 
     def stopping(self, status: Optional[str] = None) -> None:
         """Tell systemd the service is shutting down (STOPPING=1)."""
-        lines = ["STOPPING=1"]
-        if status is not None:
-            lines.append(f"STATUS={status}")
-            self._last_status = status
-        self._send("\n".join(lines))
+        self._send_state("STOPPING=1", status)
 
     def mainpid(self, pid: int) -> None:
         """Tell systemd which process is the service's main process (MAINPID=)."""

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import fcntl
-import os
 import shutil
 import time
 from pathlib import Path
@@ -26,7 +24,7 @@ from ..process.heartbeat import allowance
 from ..messages import say
 from .progress import Progress, progress_of
 
-__all__ = ["StatusReport", "read_status", "supervisor_state", "CheckpointRow", "list_checkpoints", "open_run_dir", "lock_holder",
+__all__ = ["StatusReport", "read_status", "supervisor_state", "CheckpointRow", "list_checkpoints", "open_run_dir",
            "supervised_parts"]
 
 FINAL_STATES = tuple(s.value for s in RunState if s.final)
@@ -48,24 +46,6 @@ def supervised_parts(rd: RunDir) -> list[RunDir]:
     """One RunDir per supervisor of the run: the run dir itself, or each node's of a multi-node job."""
     nodes = rd.node_numbers() if rd.node is None and not rd.supervisor_state.exists() else []
     return [rd.for_node(n) for n in nodes] or [rd]
-
-
-def lock_holder(rd: RunDir) -> Optional[int]:
-    """The pid holding supervisor.lock, or None when no live supervisor holds it."""
-    try:
-        fd = os.open(rd.lock, os.O_RDONLY)
-    except OSError:
-        return None
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raw = os.read(fd, 64).decode(errors="replace").strip()
-            return int(raw) if raw.isdigit() else -1
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return None
-    finally:
-        os.close(fd)
 
 
 def recorded_config(state: Optional[SupervisorState]) -> Config:

@@ -6,6 +6,8 @@
     first_attempt  the run's first attempt; on a new node it starts during the mirror download
     heartbeat  per-rank liveness from file events and a timer, on our own clock
     launch     the torchrun argv; torchrun's per-rank failure records
+    leftover   end a trainer whose supervisor died before a new attempt starts
+    lock       the run dir's lock: one live supervisor per run dir (node)
     prestart   the next attempt's launcher (prestarted torchrun or warm interpreter)
     procs      spawn in its own group (die-with-parent), tee the log, kill whole trees
     snapshots  persist a memory snapshot newer than the disk before any choice

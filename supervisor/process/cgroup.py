@@ -60,7 +60,7 @@ class MemoryCgroup:
             if cg is None:
                 continue
             try:
-                cg._set_limit(limit_bytes)
+                cg.set_limit(limit_bytes)
             except OSError as e:
                 cg.remove()
                 reasons.append(f"cannot set limit in {cg.path}: {e.strerror}")
@@ -106,7 +106,8 @@ class MemoryCgroup:
         path.mkdir(exist_ok=True)
         return cls(path, 1)
 
-    def _set_limit(self, limit: int) -> None:
+    def set_limit(self, limit: int) -> None:
+        """Cap the group's memory (and its swap: swapping would turn an OOM into a crawl)."""
         if self.version == 2:
             (self.path / "memory.max").write_text(str(limit))
             swap = self.path / "memory.swap.max"

@@ -7,13 +7,13 @@ import socket
 import time
 from typing import Optional
 
-from trainer_shim.rundir import RunDir, SupervisorState
+from trainer_shim.rundir import RunDir, SupervisorState, lock_pid
 
 from . import procs
-from ..errors import EXIT_GAVE_UP, EXIT_OK
+from ..errors import EXIT_NOT_STOPPED, EXIT_OK
 from ..messages import say
 from ..insight.render import stop_summary
-from ..insight.status import lock_holder, read_status, recorded_config, supervisor_state
+from ..insight.status import read_status, recorded_config, supervisor_state
 
 __all__ = ["stop_run", "stop_one"]
 
@@ -32,7 +32,7 @@ def _where(rd: RunDir) -> str:
 def _live_supervisor(rd: RunDir, state: Optional[SupervisorState]) -> Optional[int]:
     """The pid to signal, or None (after saying why) when no provable live supervisor of `rd` runs here."""
     where = _where(rd)
-    holder = lock_holder(rd)
+    holder = lock_pid(rd)
     if holder is None:
         say(f"no supervisor is running on {where}")
         return None
@@ -54,17 +54,17 @@ def stop_one(rd: RunDir, timeout: Optional[float], wait: bool) -> int:
     state = supervisor_state(rd)
     pid = _live_supervisor(rd, state)
     if pid is None:
-        return EXIT_GAVE_UP
+        return EXIT_NOT_STOPPED
     procs.signal_pid(pid, signal.SIGTERM)
     if not wait:
         say(f"sent SIGTERM to supervisor pid {pid}")
         return EXIT_OK
     limit = timeout if timeout is not None else recorded_config(state).grace_period + 30
     deadline = time.monotonic() + limit
-    while lock_holder(rd) is not None and time.monotonic() < deadline:
+    while lock_pid(rd) is not None and time.monotonic() < deadline:
         time.sleep(POLL_S)
-    if lock_holder(rd) is not None:
+    if lock_pid(rd) is not None:
         say(f"supervisor pid {pid} is still running after {limit:g}s")
-        return EXIT_GAVE_UP
+        return EXIT_NOT_STOPPED
     say(stop_summary(_where(rd), read_status(rd)))
     return EXIT_OK

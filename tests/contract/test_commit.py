@@ -5,8 +5,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from trainer_shim.rundir import (
-    LATEST, RESUME_NONE, CheckpointKind, Manifest, checkpoint_name, choose, commit, inspect_checkpoint,
+    LATEST, RESUME_NONE, CheckpointKind, InvalidCheckpoint, Manifest, checkpoint_name, choose, commit, digest_file,
+    inspect_checkpoint,
 )
 
 
@@ -53,3 +56,17 @@ def test_choose_takes_the_supervisors_pick_else_the_newest_valid_below_it(tmp_pa
     info = choose([tmp_path], str(new), on_reject=lambda p, r: rejected.append((p.name, r)))
     assert info is not None and info.path == old
     assert rejected == [(new.name, "model.bin has 2 bytes, manifest says 1 (truncated?)")]
+
+
+def test_copy_verified_copies_in_the_kernel_or_hashing_and_refuses_a_changed_source(tmp_path: Path) -> None:
+    # More than one 16 MiB piece, so the loop, its progress and the digest run over several pieces.
+    data = os.urandom(1 << 20) * 17 + b"tail"
+    src = tmp_path / "src.bin"
+    src.write_bytes(data)
+    want = digest_file(src)
+    for name, digest in (("kernel.bin", None), ("hashed.bin", want)):
+        seen: list[int] = []
+        assert commit.copy_verified(src, tmp_path / name, digest, seen.append, base=5) == len(data)
+        assert (tmp_path / name).read_bytes() == data and seen[-1] == 5 + len(data) and len(seen) >= 2
+    with pytest.raises(InvalidCheckpoint, match="digest mismatch"):
+        commit.copy_verified(src, tmp_path / "bad.bin", want[::-1])

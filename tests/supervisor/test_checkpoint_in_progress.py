@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tests.support import invoke_cli
 from trainer_shim.rundir import (
-    CheckpointKind, HeartbeatRecord, Manifest, Phase, atomic_write_json, commit, ensure_run_dir, record_extra_root,
+    EXIT_INVALID_CHECKPOINT, CheckpointKind, HeartbeatRecord, Manifest, Phase, atomic_write_json, commit, ensure_run_dir, record_extra_root,
 )
 
 
@@ -51,6 +51,6 @@ def test_the_same_checkpoint_without_its_writer_is_invalid(tmp_path: Path) -> No
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     run = _hf_run(tmp_path, int(gone.stdout))
     r = invoke_cli("checkpoints", str(run), "--verify", "--json")
-    assert r.returncode == 1, r.stdout + r.stderr
+    assert r.returncode == EXIT_INVALID_CHECKPOINT, r.stdout + r.stderr
     row = next(row for row in json.loads(r.stdout) if row["name"] == "checkpoint-10")
     assert not row["writing"] and "no MANIFEST.json" in row["problem"], row

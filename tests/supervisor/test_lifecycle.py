@@ -12,6 +12,7 @@ import psutil
 import pytest
 
 from supervisor.insight import render
+from trainer_shim.rundir import EXIT_NOT_STOPPED, EXIT_UNHEALTHY
 from supervisor.insight.status import open_run_dir, read_status
 
 from .helpers import (
@@ -129,7 +130,7 @@ def test_second_supervisor_is_refused_and_stop_exits_75(run_dir):
         assert ended_kinds(run_dir) == ["preempted"]
         assert events(run_dir, "stopped")[0]["saved"] is True
         st = run_cli("status", str(run_dir), "--json")
-        assert st.returncode == 1 and json.loads(st.stdout)["state"] == "stopped", st.stdout
+        assert st.returncode == EXIT_UNHEALTHY and json.loads(st.stdout)["state"] == "stopped", st.stdout
     finally:
         kill_group(p)
 
@@ -157,7 +158,7 @@ def test_sigkill_of_supervisor_takes_the_trainer_down(run_dir):
         p.wait(10)
         wait_until(lambda: not alive(child), timeout=5, what="trainer to die with its supervisor")
         st = run_cli("status", str(run_dir), "--json")
-        assert st.returncode == 1 and json.loads(st.stdout)["state"] == "not_running", st.stdout
+        assert st.returncode == EXIT_UNHEALTHY and json.loads(st.stdout)["state"] == "not_running", st.stdout
         # The last beat said training; with its supervisor gone the trainer is gone too, and status says so.
         shown = dict(render.status_rows(read_status(open_run_dir(run_dir))))
         assert shown["phase"] == "exited (last heartbeat: training)" and shown["supervisor pid"].endswith("(exited)")
@@ -193,7 +194,7 @@ def test_leftover_trainer_is_killed_but_a_stranger_survives(run_dir):
         assert stranger.poll() is None
         # `stop` must not signal a forged supervisor pid either.
         (run_dir / "supervisor.json").write_text(json.dumps({**forged, "supervisor_pid": stranger.pid}))
-        assert run_cli("stop", str(run_dir)).returncode == 1
+        assert run_cli("stop", str(run_dir)).returncode == EXIT_NOT_STOPPED
         assert stranger.poll() is None
     finally:
         for q in (leftover, stranger):

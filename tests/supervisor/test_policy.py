@@ -26,7 +26,7 @@ def test_rendezvous_failures_within_the_window_spend_no_restart_and_never_poison
     delays = [_rendezvous(p, now=t) for t in (0.0, 1.5, 4.0, 9.0, 17.5, 99.0)]
     assert [d.action for d in delays] == [Action.RESTART] * 6
     assert [d.delay_s for d in delays] == [1.0, 2.0, 4.0, 8.0, 16.0, 32.0]
-    assert all(d.poison is None for d in delays) and p.restarts == 0
+    assert all(d.poison == () and not d.crash_loop for d in delays) and p.restarts == 0
     # The job's one restart is still there for a real failure, which also ends the run of retries.
     crash = p.decide(Kind.CRASH, 1, progressed=False, resumed_from=CKPT, stop_requested=False, now=100.0)
     assert crash.action is Action.RESTART and p.restarts == 1
@@ -38,7 +38,7 @@ def test_rendezvous_failing_past_the_window_counts_but_does_not_condemn_the_chec
     assert _rendezvous(p, now=0.0).action is Action.RESTART and p.restarts == 0
     late = [_rendezvous(p, now=t) for t in (101.0, 102.0, 103.0)]
     assert [d.action for d in late] == [Action.RESTART] * 3 and p.restarts == 3
-    assert all(d.poison is None for d in late)  # crash_loop_attempts=2 would have condemned it
+    assert all(d.poison == () and not d.crash_loop for d in late)  # crash_loop_attempts=2 would have condemned it
     gave_up = _rendezvous(p, now=104.0)
     assert gave_up.action is Action.GIVE_UP and "restarts exhausted" in gave_up.reason
 

@@ -10,6 +10,7 @@ import time
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import JOBS
+from trainer_shim.rundir import EXIT_UNHEALTHY
 
 from .helpers import CLI, FAKE_JOB, heartbeat, kill_group, run_cli, start_cli, sup_env, wait_until
 
@@ -47,7 +48,7 @@ def test_status_reports_stale_heartbeat_with_exit_1(run_dir):
         # The fake job ignores SIGTERM, so for the grace period it sits stale but alive.
         def stale():
             r = run_cli("status", str(run_dir), "--json")
-            return r if r.returncode == 1 and json.loads(r.stdout)["state"] == "running" else None
+            return r if r.returncode == EXIT_UNHEALTHY and json.loads(r.stdout)["state"] == "running" else None
         wait_until(stale, timeout=30, interval=0.2, what="stale status")
     finally:
         kill_group(p)

@@ -9,6 +9,7 @@ from pathlib import Path
 from supervisor.insight import render
 from supervisor.insight.status import open_run_dir, read_status
 from tests.conftest import JOBS
+from trainer_shim.rundir import EXIT_UNHEALTHY
 
 from .helpers import FAKE_JOB, events, heartbeat, kill_group, run_cli, start_cli, sup_env, wait_until
 
@@ -48,7 +49,7 @@ def test_stop_then_status_says_stopped_resumable_not_preempted(run_dir):
     want = f"stopped (resumable, checkpoint step {stopped['step']})"
     assert want in stop.stderr, stop.stderr
     st = run_cli("status", str(run_dir))
-    assert st.returncode == 1, st.stdout  # not running: a monitor must not call it healthy
+    assert st.returncode == EXIT_UNHEALTHY, st.stdout  # not running: a monitor must not call it healthy
     rows = _rows(st.stdout)
     assert rows["state"] == want, st.stdout
     assert rows["last failure"] == "-", st.stdout

@@ -10,6 +10,7 @@ from __future__ import annotations
 __all__ = [
     "EXIT_OK", "EXIT_CRASH", "EXIT_REFUSED", "EXIT_DIVERGED", "EXIT_PREEMPTED",
     "EXIT_GAVE_UP", "EXIT_USAGE", "EXIT_LOCKED", "EXIT_STOPPED", "EXIT_SUPERVISOR_GONE",
+    "EXIT_UNHEALTHY", "EXIT_INVALID_CHECKPOINT", "EXIT_NOT_STOPPED", "EXIT_INTERRUPTED",
     "EXIT_EXACT", "EXIT_NOT_EXACT", "EXIT_DOCTOR_FAILED", "EXIT_BAD_INPUT",
 ]
 
@@ -34,6 +35,20 @@ EXIT_STOPPED = 75         # stopped on request after the child saved: resumable 
 # A forked child whose supervisor died between fork and exec (before it could die with it) exits
 # with this instead of running an unsupervised job.
 EXIT_SUPERVISOR_GONE = 111
+
+# --- `resilient-run status`, `checkpoints --verify`, `stop` --------------------------------------
+# A command's codes are read one command at a time, so each names what it means for that command.
+# These three keep 1, the shell's "no" (as grep and test answer): the liveness probes and scripts
+# that test `status` already read it, and it clashes with nothing of theirs (none of the three
+# gives up a job, and 2 stays bad usage for all of them).
+EXIT_UNHEALTHY = 1           # `status`: not running with a fresh heartbeat and not succeeded (any node)
+EXIT_INVALID_CHECKPOINT = 1  # `checkpoints --verify`: a checkpoint failed its manifest or digest check
+EXIT_NOT_STOPPED = 1         # `stop`: no live supervisor here, or it still ran after --timeout
+
+# --- every command ------------------------------------------------------------------------------
+# Ctrl-C before the command handles signals itself (the shell's 128 + SIGINT); a running `run`
+# handles SIGINT as a stop request and exits EXIT_STOPPED instead.
+EXIT_INTERRUPTED = 130
 
 # --- `resilient-run doctor` ---------------------------------------------------------------------
 EXIT_EXACT = 0            # the interrupted run matched the uninterrupted one bit for bit

@@ -166,7 +166,9 @@ def run_slots(run_root: Path, node: Optional[int] = None) -> SlotGroup:
 
 
 def lock_pid(rd: RunDir) -> Optional[int]:
-    """The pid of the live supervisor holding rd's supervisor.lock (-1 if it wrote none), else None."""
+    """The pid of the live supervisor holding rd's supervisor.lock (-1 if it wrote none), else None.
+
+    The one probe of the lock: the stale-slot rule here and the supervisor's `stop` both ask it."""
     try:
         fd = os.open(rd.lock, os.O_RDONLY)
     except OSError:
