@@ -57,3 +57,22 @@ def test_a_trainer_output_dir_outside_the_run_dir_is_searched_by_both_sides(tmp_
                        env=sup_env(), capture_output=True, text=True, timeout=60, cwd=REPO)
     listed = {c["name"]: c["valid"] for c in json.loads(r.stdout)}
     assert listed == {"checkpoint-10": True, "checkpoint-20": False}, r.stdout + r.stderr
+
+
+def test_both_callbacks_take_the_same_options_the_config_file_names() -> None:
+    """One declaration: the HF and Lightning callbacks share CallbackOptions' constructor and
+    resume_from's signature, and their keywords are the contract's CALLBACK_OPTIONS (the config
+    file's `callback:` keys); Lightning's callback is a real class."""
+    import inspect
+
+    from trainer_shim.integrations import hf, lightning
+    from trainer_shim.rundir import CALLBACK_OPTIONS
+
+    sig = {cls: inspect.signature(cls) for cls in (hf.ResilientCallback, lightning.ResilientCallback)}
+    assert sig[hf.ResilientCallback] == sig[lightning.ResilientCallback]
+    keywords = [n for n, p in sig[hf.ResilientCallback].parameters.items() if p.kind is p.KEYWORD_ONLY]
+    assert keywords == list(CALLBACK_OPTIONS)
+    assert (inspect.signature(hf.ResilientCallback.resume_from)
+            == inspect.signature(lightning.ResilientCallback.resume_from))
+    assert lightning.ResilientCallback.__module__ == "trainer_shim.integrations.lightning"
+    assert inspect.getsource(lightning.ResilientCallback).startswith("class ResilientCallback(")

@@ -24,7 +24,7 @@ from .. import rundir
 __all__ = ["MIN_INTERVAL_S", "MAX_INTERVAL_S", "DEFAULT_MTBF_HOURS", "young_daly", "mtbf_from_events",
            "AutoInterval", "interval_for_run_dir", "mtbf_for", "from_option", "tune", "AUTO"]
 
-AUTO = "auto"
+AUTO = rundir.AUTO_INTERVAL
 MIN_INTERVAL_S = 30.0
 MAX_INTERVAL_S = 6 * 3600.0
 DEFAULT_MTBF_HOURS = 24.0

@@ -19,6 +19,7 @@ import inspect
 from typing import Any, Callable
 
 from ._session import product_env, say
+from ..rundir import AUTO_INTERVAL
 
 __all__ = ["patch_hf", "patch_lightning"]
 
@@ -74,10 +75,13 @@ def _lightning_callback(trainer: Any) -> Any:
     for cb in trainer.callbacks:
         if isinstance(cb, ResilientCallback):
             return cb
-    cb = ResilientCallback(**_options(ResilientCallback))
-    if cb.save_every_steps is None:
-        say("auto-attach: this Lightning job checkpoints only at its end and on a stop; set "
-            "`callback: {save_every_steps: N}` in the config file for periodic checkpoints")
+    options = _options(ResilientCallback)
+    if "save_every_steps" not in options and "save_every_seconds" not in options:
+        # Lightning saves nothing on its own before the end: a job that dies at hour 10 must not lose 10 h.
+        options["save_every_seconds"] = AUTO_INTERVAL
+        say("auto-attach: this Lightning job checkpoints every save_every_seconds='auto' (Young/Daly); "
+            "set `callback: {save_every_steps: N}` in the config file for a fixed interval")
+    cb = ResilientCallback(**options)
     trainer.callbacks.append(cb)
     return cb
 

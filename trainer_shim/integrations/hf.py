@@ -40,7 +40,9 @@ from ..rundir import CheckpointKind, Manifest, Phase, hf_checkpoint_name, read_e
 from ._background import BackgroundSaves
 from ._doctor import FrameworkDoctor
 from ._hf_async import SaveWindow, StagedFiles
+from ._options import CallbackOptions
 from ._session import Session, say
+from ..errors import ConfigError
 
 __all__ = ["ResilientCallback"]
 
@@ -67,17 +69,10 @@ def _remove_if_just_made(path: Path, since: float) -> None:
         pass
 
 
-class ResilientCallback(TrainerCallback):
-    """Supervision for a ``transformers.Trainer``; see the module docstring."""
+class ResilientCallback(CallbackOptions, TrainerCallback):
+    """Supervision for a ``transformers.Trainer``; see the module docstring. Options: CallbackOptions."""
 
-    def __init__(self, run_dir: Any = None, trainer: Any = None, *, heartbeat_interval: float = 1.0,
-                 async_save: bool = False) -> None:
-        swift_args = None
-        if run_dir is not None and not isinstance(run_dir, (str, os.PathLike)) and hasattr(run_dir, "output_dir"):
-            swift_args, run_dir = run_dir, None  # ms-swift's cls(args, trainer); `trainer` is not needed
-        self.run_dir = run_dir
-        self.heartbeat_interval = heartbeat_interval
-        self.async_save = async_save  # as init(async_save=True): step saves written by a background thread
+    def _setup(self) -> None:
         self._background: Optional[BackgroundSaves] = None
         self._window: Optional[SaveWindow] = None
         self.session: Optional[Session] = None
@@ -91,8 +86,11 @@ class ResilientCallback(TrainerCallback):
         self._step_losses: list[float] = []  # doctor mode: this step's training forward losses
         self._loss_hook: Any = None
         self._born = time.time()  # before the Trainer (built after its callbacks) creates output_dir
-        if swift_args is not None and not getattr(swift_args, "resume_from_checkpoint", None):
-            swift_args.resume_from_checkpoint = self.resume_from(swift_args.output_dir)
+
+    def _framework_args(self, args: Any) -> None:
+        """ms-swift's ``cls(args, trainer)``: its arguments get the resume point, unless they name one."""
+        if not getattr(args, "resume_from_checkpoint", None):
+            args.resume_from_checkpoint = self.resume_from(args.output_dir)
 
     # --- setup and resume ----------------------------------------------------------------------
 
@@ -112,15 +110,19 @@ class ResilientCallback(TrainerCallback):
         assert s is not None and self.output_dir is not None
         return [self.output_dir, s.rd.checkpoints, *[r for r in read_extra_roots(s.rd) if r != self.output_dir]]
 
-    def resume_from(self, output_dir: os.PathLike | str) -> Optional[str]:
+    def resume_from(self, directory: Optional[os.PathLike | str] = None) -> Optional[str]:
         """The checkpoint to pass to ``trainer.train(resume_from_checkpoint=...)``; None on a fresh start.
+        `directory`: the Trainer's output_dir (None: the one the Trainer told this callback).
 
         The supervisor's choice ($RESILIENT_RESUME_FROM) when it verifies, else the newest
         checkpoint whose manifest and digests check out (older ones are tried in turn, each
         rejection recorded as a ``checkpoint_rejected`` event). Newer torn checkpoint dirs are
         removed so the Trainer never writes into one.
         """
-        s = self._start(output_dir)
+        if directory is None and self.output_dir is None:
+            raise ConfigError("resume_from() needs the Trainer's output_dir before the Trainer is built: "
+                              "resume_from(args.output_dir)")
+        s = self._start(directory if directory is not None else self.output_dir)  # type: ignore[arg-type]
         assert self.output_dir is not None
         info = s.resume(self._roots(), self.output_dir)
         return str(info.path) if info else None
@@ -137,7 +139,9 @@ class ResilientCallback(TrainerCallback):
         s.group  # every rank here together: the shim's barrier group is created collectively
         s.check_resumed(state.global_step)  # the Trainer has loaded its checkpoint's state by now
         self._limit = args.save_total_limit
-        s.set_keep_last(self._limit if self._limit else _UNLIMITED)
+        keep = self.keep_last or self._limit
+        s.set_keep_last(keep if keep else _UNLIMITED)
+        self._start_schedule(s)
         args.save_total_limit = None  # we rotate, after our manifest is committed
         s.set_total_steps(state.max_steps)
         if self.async_save and args.should_save and self._background is None:  # the process that commits
@@ -170,6 +174,9 @@ class ResilientCallback(TrainerCallback):
             self._stopping = True
             control.should_save = True
             control.should_training_stop = True
+        if not control.should_save and (self._step_save_due(s, state.global_step) or (
+                self.save_on_train_end and state.global_step >= (state.max_steps or 0) > 0)):
+            control.should_save = True   # the Trainer saves this step (checkpoint-N), committed in on_save
         self._beat_for(control, state)
         if self._doctor is not None:
             loss, self._step_losses = (sum(self._step_losses) if self._step_losses else None), []
@@ -239,6 +246,7 @@ class ResilientCallback(TrainerCallback):
         s.sync("every rank's checkpoint files written")
         path = Path(args.output_dir) / hf_checkpoint_name(state.global_step)
         took = time.monotonic() - self._save_t0 if self._save_t0 is not None else None  # the Trainer's save
+        self._saved(s, took)
         if staged is not None:  # reported now, as native async saves are: when training goes on
             s.saves.add(took or 0.0, CheckpointKind.STEP, state.global_step, s.checkpoint_step)
         if (not self._stopping and float(state.epoch or 0).is_integer()

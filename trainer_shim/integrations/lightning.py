@@ -30,6 +30,7 @@ from ._background import BackgroundSaves
 from ._lightning_async import copy_checkpoint
 from ._resumable import ResumableLoader
 from ._doctor import FrameworkDoctor
+from ._options import DEFAULT_KEEP_LAST, CallbackOptions
 from ._session import Session, say
 
 _BASES: list[type] = []
@@ -74,20 +75,11 @@ class _Job:
     pos: _Position
 
 
-class _Resilient:
-    """The callback's behaviour; combined below with every installed Lightning's Callback base."""
+class ResilientCallback(CallbackOptions, *_BASES):  # type: ignore[misc]
+    """Supervision for a Lightning Trainer (both `lightning` and `pytorch_lightning`: its bases are the
+    Callback class of each one installed); see the module docstring. Options: CallbackOptions."""
 
-    def __init__(self, save_every_steps: Optional[int] = None, *, run_dir: Optional[os.PathLike | str] = None,
-                 keep_last: int = 3, save_on_train_end: bool = True, heartbeat_interval: float = 1.0,
-                 async_save: bool = False) -> None:
-        if save_every_steps is not None and save_every_steps < 1:
-            raise ValueError(f"save_every_steps must be >= 1, not {save_every_steps}")
-        self.save_every_steps = save_every_steps
-        self.run_dir = run_dir
-        self.keep_last = keep_last
-        self.save_on_train_end = save_on_train_end
-        self.heartbeat_interval = heartbeat_interval
-        self.async_save = async_save  # as init(async_save=True): step saves written by a background thread
+    def _setup(self) -> None:
         self._background: Optional[BackgroundSaves] = None
         self.session: Optional[Session] = None
         self._loader: Optional[ResumableLoader] = None
@@ -99,16 +91,17 @@ class _Resilient:
     def _start(self, default_root: os.PathLike | str) -> Session:
         if self.session is None:
             self.session = Session.open(self.run_dir, default_root, heartbeat_interval=self.heartbeat_interval,
-                                        keep_last=self.keep_last)
+                                        keep_last=self.keep_last or DEFAULT_KEEP_LAST)
+            self._start_schedule(self.session)
             self._doctor = FrameworkDoctor.from_env(self.session.env)
         return self.session
 
-    def resume_from(self) -> Optional[str]:
+    def resume_from(self, directory: Optional[os.PathLike | str] = None) -> Optional[str]:
         """The ``ckpt_path`` for ``trainer.fit``: the supervisor's choice when it verifies, else the
         newest valid checkpoint of the run dir (rejections become ``checkpoint_rejected`` events);
-        None on a fresh start. Without $RESILIENT_RUN_DIR or ``run_dir=``, the run dir is the
-        current directory (Lightning's default ``default_root_dir``)."""
-        s = self._start(os.getcwd())
+        None on a fresh start. Without $RESILIENT_RUN_DIR or ``run_dir=``, the run dir is `directory`
+        (the Trainer's default_root_dir), else the current directory (Lightning's default)."""
+        s = self._start(directory if directory is not None else os.getcwd())
         info = s.resume(rundir.checkpoint_roots(s.rd), s.rd.checkpoints)
         return str(info.path / LIGHTNING_CKPT) if info else None
 
@@ -161,8 +154,10 @@ class _Resilient:
             self._save(trainer, CheckpointKind.PREEMPT)
             s.sync("preempt checkpoint committed")  # no rank exits (and makes torchrun end the rest) before it
             s.exit_preempted()
-        if self.save_every_steps and step % self.save_every_steps == 0 and step != self._saved_step:
+        if step != self._saved_step and self._step_save_due(s, step):
+            t0 = time.monotonic()
             self._save(trainer, CheckpointKind.STEP)
+            self._saved(s, time.monotonic() - t0)   # what the save cost training (a background one: its copy)
         if self._doctor is not None and self._doctor.on_step(
                 step, pl_module, {"optimizer": trainer.optimizers[0] if trainer.optimizers else None,
                                   "scheduler": trainer.lr_scheduler_configs[0].scheduler
@@ -354,8 +349,3 @@ def _loss(outputs: Any) -> Optional[float]:
     except (TypeError, ValueError, RuntimeError):
         return None
 
-
-ResilientCallback = type("ResilientCallback", (_Resilient, *_BASES), {
-    "__doc__": "Supervision for a Lightning Trainer (both `lightning` and `pytorch_lightning`); see the module docstring.",
-    "__module__": __name__,
-})

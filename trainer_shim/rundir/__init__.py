@@ -112,7 +112,7 @@ _EXPORTS: dict[str, str] = {
     "pending": "DOWNLOAD_RECORD announce_download download_pending settle_download wait_for_download",
     "index": "add_to_index checkpoint_roots index_entry read_index write_index",
     "frameworks": (
-        "ATTACH_DIR CALLBACK_OPTIONS HF_PREFIX LIGHTNING_CKPT ROOTS_FILE hf_checkpoint_name "
+        "ATTACH_DIR AUTO_INTERVAL CALLBACK_OPTIONS HF_PREFIX LIGHTNING_CKPT ROOTS_FILE hf_checkpoint_name "
         "parse_callback_options parse_hf_checkpoint_name read_extra_roots record_extra_root "
         "roots_file"
     ),

@@ -26,7 +26,7 @@ class _RunRoot(Protocol):
     @property
     def root(self) -> Path: ...
 
-__all__ = ["HF_PREFIX", "parse_hf_checkpoint_name", "hf_checkpoint_name", "ROOTS_FILE", "roots_file",
+__all__ = ["AUTO_INTERVAL", "HF_PREFIX", "parse_hf_checkpoint_name", "hf_checkpoint_name", "ROOTS_FILE", "roots_file",
            "read_extra_roots", "record_extra_root", "LIGHTNING_CKPT", "ATTACH_DIR", "CALLBACK_OPTIONS",
            "parse_callback_options"]
 
@@ -46,10 +46,12 @@ LIGHTNING_CKPT = "lightning.ckpt"
 # _attach package; found from here because the supervisor may import only this contract).
 ATTACH_DIR = Path(__file__).resolve().parents[1] / "_attach"
 
-# The options of an auto-attached callback (the config's `callback:` mapping) and their types;
-# each framework's callback takes those of its constructor (all but heartbeat_interval: Lightning only).
-CALLBACK_OPTIONS: dict[str, type] = {"save_every_steps": int, "keep_last": int, "save_on_train_end": bool,
-                                     "heartbeat_interval": float, "async_save": bool}
+# The options of both framework callbacks (trainer_shim.integrations: the same keywords for the HF
+# and the Lightning one) and of an auto-attached one (the config's `callback:` mapping), with their
+# types; save_every_seconds also takes "auto" (Young/Daly).
+CALLBACK_OPTIONS: dict[str, type] = {"save_every_steps": int, "save_every_seconds": float, "keep_last": int,
+                                     "save_on_train_end": bool, "heartbeat_interval": float, "async_save": bool}
+AUTO_INTERVAL = "auto"
 
 
 def parse_callback_options(value: object) -> tuple[tuple[str, object], ...]:
@@ -61,6 +63,9 @@ def parse_callback_options(value: object) -> tuple[tuple[str, object], ...]:
         want = CALLBACK_OPTIONS.get(str(name))
         if want is None:
             raise ValueError(f"unknown callback option {name!r}; known: {', '.join(CALLBACK_OPTIONS)}")
+        if name == "save_every_seconds" and v == AUTO_INTERVAL:
+            out.append((str(name), v))
+            continue
         ok = isinstance(v, bool) if want is bool else (
             isinstance(v, (int, float)) and not isinstance(v, bool) and (want is float or float(v).is_integer()))
         if not ok or (want is not bool and v <= 0):
