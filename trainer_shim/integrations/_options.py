@@ -86,15 +86,6 @@ class CallbackOptions:
     def _saved(self, session: Any, stall_s: Optional[float]) -> None:
         """A save ended: the timed schedule restarts; "auto" re-tunes from what it cost training."""
         self._last_save_t = time.monotonic()
-        self._setup()
-        if framework_args is not None:
-            self._framework_args(framework_args)
-
-    def _setup(self) -> None:
-        """The callback's own state (each framework's callback defines it)."""
-
-    def _framework_args(self, args: Any) -> None:
-        raise ConfigError(f"run_dir must be a path, not {type(args).__name__}")
         if stall_s is not None:
             every = save_interval.tune(self._auto, session.hb, stall_s)
             if every is not None:
