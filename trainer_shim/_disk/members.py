@@ -4,7 +4,6 @@ then committed with a manifest listing every rank's members (the commit: trainer
 from __future__ import annotations
 
 import contextlib
-import errno
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -14,10 +13,11 @@ import torch
 from .. import rundir
 from .._state.capture import Capture
 from ..errors import CheckpointError
+from .._session.messages import describe
 from ..rundir import FileEntry, Manifest
 from ..rundir.commit import HashingWriter
 
-__all__ = ["write_member", "write_checkpoint", "commit_members", "manifest_of", "describe_os_error"]
+__all__ = ["write_member", "write_checkpoint", "commit_members", "manifest_of"]
 
 
 def _torch_save(obj: Any, w: HashingWriter) -> None:
@@ -75,7 +75,7 @@ def _storage_errors(verb: str, where: Path) -> Iterator[None]:
     try:
         yield
     except OSError as e:
-        raise CheckpointError(f"cannot {verb} {where}: {describe_os_error(e)}") from e
+        raise CheckpointError(f"cannot {verb} {where}: {describe(e)}") from e
 
 
 def manifest_of(cap: Capture, files: dict[str, FileEntry], meta: dict[str, Any], world_size: int = 1) -> Manifest:
@@ -83,9 +83,3 @@ def manifest_of(cap: Capture, files: dict[str, FileEntry], meta: dict[str, Any],
     return Manifest.create(files, step=cap.global_step, epoch=cap.epoch, batch_in_epoch=cap.batch_in_epoch,
                            kind=cap.kind, loss=cap.loss, meta=meta, exact=cap.exact, world_size=world_size,
                            sharded=cap.sharded)
-
-
-def describe_os_error(e: OSError) -> str:
-    """`ENOSPC: No space left on device`: the errno name first, for people and for tests."""
-    code = errno.errorcode.get(e.errno or 0, "")
-    return f"{code + ': ' if code else ''}{e.strerror or e}"

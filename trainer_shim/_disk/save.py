@@ -25,7 +25,7 @@ from typing import Any, Callable, Optional
 from . import members, retention
 from .. import rundir
 from .._session.engine import Trained
-from .._session.messages import say
+from .._session.messages import describe, say
 from .._state import capture
 from .._state.capture import sharded_module
 from ..errors import CheckpointError
@@ -60,7 +60,8 @@ class Outcome:
 
 
 def _failed(run: Trained, root: Path, error: str, cap: capture.Capture) -> None:
-    run.engine.reporter.checkpoint_failed(root, cap.global_step, error, cap.background)
+    run.engine.reporter.checkpoint_failed(root / rundir.checkpoint_name(cap.global_step), cap.global_step, error,
+                                          background=cap.background)
 
 
 def find_existing(run: Trained, step: int) -> Optional[Path]:
@@ -170,7 +171,7 @@ def _write_mine(run: Trained, tmp: Path, cap: capture.Capture) -> Report:
             mine[fname] = members.write_member(tmp, fname, obj, lambda n: run.engine.on_progress(base + n))
             written += mine[fname][0]
     except OSError as e:
-        err = f"{_who(run)}cannot write {tmp / fname}: {members.describe_os_error(e)}"
+        err = f"{_who(run)}cannot write {tmp / fname}: {describe(e)}"
     except RuntimeError as e:
         err = f"{_who(run)}{type(e).__name__}: {e}"
     referenced: set[str] = set()

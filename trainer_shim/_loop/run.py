@@ -330,7 +330,8 @@ class Run:
                     outcome = saving.save(self, kind, exact)
                 except CollectiveTimeout as e:
                     if self.rank == 0:
-                        self.engine.reporter.checkpoint_failed(self.rd.checkpoints, self.global_step, str(e))
+                        self.engine.reporter.checkpoint_failed(self.rd.checkpoint(self.global_step), self.global_step,
+                                                               str(e))
                     say(f"error: {e}; exiting (the supervisor resumes from the newest complete checkpoint)")
                     raise
                 if outcome.committed:  # not when an existing checkpoint stands for the step

@@ -38,7 +38,7 @@ from .._session import distributed
 from .._disk import save as saving
 from .. import rundir
 from .._session.engine import Trained
-from .._session.messages import say
+from .._session.messages import describe, say
 from ..errors import CollectiveTimeout
 from .late_copy import LateCopy
 from .slots import SlotError, Slots, disown_slots, own_slots
@@ -150,7 +150,7 @@ class FastSaver(SlotRestore, SnapshotHasher):
         with self._cv:
             msgs, self._warnings = self._warnings, []
         for m in msgs:
-            say(f"warning: {m}; training continues")
+            say(m)
 
     def save_async(self, kind: CheckpointKind) -> None:
         run = self.run
@@ -193,8 +193,7 @@ class FastSaver(SlotRestore, SnapshotHasher):
     def _fail_slot(self, idx: int, e: BaseException) -> None:
         path = self.slots.slots[idx].path
         self.slots.slots[idx].invalidate()
-        say(f"warning: memory snapshot at step {self.run.global_step} failed in {path}: {e}; training continues")
-        self.run.engine.event(Event.CHECKPOINT_FAILED, path=str(path), error=f"{type(e).__name__}: {e}")
+        self.run.engine.reporter.checkpoint_failed(path, self.run.global_step, describe(e), what="memory snapshot")
 
     def _submit(self, job: _Job) -> None:
         with self._cv:
@@ -280,7 +279,7 @@ class FastSaver(SlotRestore, SnapshotHasher):
                     size = rundir.commit.copy_member(rundir.safe_member(info.path, rel), tmp / rel, run.engine.on_progress)
                     mine[rel] = (size, ent.xxh3_128)
             except OSError as e:
-                return mine, f"rank {run.rank}: cannot write {tmp}: {members.describe_os_error(e)}", set()
+                return mine, f"rank {run.rank}: cannot write {tmp}: {describe(e)}", set()
             except InvalidCheckpoint as e:  # still a report: the other ranks' writers wait for it
                 return mine, f"rank {run.rank}: {e}", set()
             return mine, None, set()
@@ -294,11 +293,11 @@ class FastSaver(SlotRestore, SnapshotHasher):
             run.engine.hb.set_checkpoint(job.cap.global_step)
 
     def _fail(self, step: int, error: str, event: bool = True) -> None:
-        path = self.run.rd.checkpoints / rundir.checkpoint_name(step)
-        if event:
-            self.run.engine.event(Event.CHECKPOINT_FAILED, path=str(path), error=error, background=True)
+        """Writer or hasher thread: the event now, the warning at the next run.step()."""
+        line = self.run.engine.reporter.checkpoint_failed(self.run.rd.checkpoints / rundir.checkpoint_name(step), step,
+                                                          error, background=True, event=event, now=False)
         with self._cv:
-            self._warnings.append(f"background checkpoint at step {step} failed: {error}")
+            self._warnings.append(line)
 
 
 def make(run: Trained, save_now: Callable[[CheckpointKind], Any], async_save: bool,

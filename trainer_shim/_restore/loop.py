@@ -68,8 +68,7 @@ class MemorySource(Protocol):
 def reject(run: Trained, path: Path, reason: str) -> None:
     """Record that this process refused `path` (a later save at its step must not reuse it)."""
     run.engine.rejected_paths.add(os.path.realpath(path))
-    say(f"warning: rejected checkpoint {path}: {reason}")
-    run.engine.event(Event.CHECKPOINT_REJECTED, path=str(path), reason=reason)
+    run.engine.reporter.rejected(path, reason)
 
 
 def _candidates(run: Trained, requested: Optional[str], memory: Optional[MemorySource]) -> Iterator[Candidate]:

@@ -44,11 +44,25 @@ class Reporter:
         except OSError as e:
             say(f"warning: cannot append to {self.rd.events}: {e}")
 
-    def checkpoint_failed(self, root: Path, step: int, error: str, background: bool = False) -> None:
-        """A save of `step` failed in `root`: a warning and a checkpoint_failed event; training continues."""
-        say(f"warning: checkpoint at step {step} failed in {root}: {error}; training continues")
-        extra = {"background": True} if background else {}
-        self.event(Event.CHECKPOINT_FAILED, path=str(root / rundir.checkpoint_name(step)), error=error, **extra)
+    def rejected(self, path: Path, reason: str) -> None:
+        """A checkpoint this process refused to resume from: one warning, one checkpoint_rejected event."""
+        say(f"warning: rejected checkpoint {path}: {reason}")
+        self.event(Event.CHECKPOINT_REJECTED, path=str(path), reason=reason)
+
+    def checkpoint_failed(self, path: Path, step: Optional[int], error: str, *, what: str = "checkpoint",
+                          background: bool = False, event: bool = True, now: bool = True) -> str:
+        """A checkpoint (or memory snapshot: `what`) of `step` at `path` that did not commit: one
+        checkpoint_failed event (unless the writer recorded it already) and one warning in the same
+        words for every front end and writer; training continues. `now=False`: the warning is
+        returned for the training thread to say (a background writer's), not said here."""
+        if event:
+            self.event(Event.CHECKPOINT_FAILED, path=str(path), error=error, **({"background": True} if background else {}))
+        kind = f"background {what}" if background else what
+        line = f"warning: {kind}{'' if step is None else f' at step {step}'} failed in {path.parent}: {error}; " \
+               "training continues"
+        if now:
+            say(line)
+        return line
 
 
 @dataclasses.dataclass

@@ -22,7 +22,8 @@ from .._session.hooks import ProcessHooks, record_exception
 from .._disk.retention import Retention
 from .._policies.save_time import SaveTimer
 from ..rundir import Event, Manifest, Phase, RunEnv, StepMark
-from .._session.messages import say
+from .._session.engine import Reporter
+from .._session.messages import describe, say
 
 
 def product_env() -> RunEnv:
@@ -71,6 +72,7 @@ class Session:
         # Installed together, removed together at finish (or by the next Run/Session of this
         # process); SIGTERM waits for install_stop(), after the framework's own handler.
         self.hooks = ProcessHooks().install(self.rd, self._on_exception, stop_now=False)
+        self.reporter = Reporter(self.rd, self.attempt)
         self.saves = SaveTimer(self.event)
         self.stop = self.hooks.stop
         self._stopped = False
@@ -138,14 +140,10 @@ class Session:
     # --- events, errors ------------------------------------------------------------------------
 
     def event(self, event: Event, **fields: Any) -> None:
-        try:
-            rundir.append_event(self.rd, event, self.attempt, **fields)
-        except OSError as e:
-            say(f"warning: cannot append to {self.rd.events}: {e}")
+        self.reporter.event(event, **fields)
 
     def reject(self, path: Path, reason: str) -> None:
-        say(f"warning: rejected checkpoint {path}: {reason}")
-        self.event(Event.CHECKPOINT_REJECTED, path=str(path), reason=reason)
+        self.reporter.rejected(path, reason)
 
     def _on_exception(self, tp: type, value: BaseException, tb: Optional[TracebackType]) -> None:
         if not issubclass(tp, (SystemExit, KeyboardInterrupt)):
@@ -260,12 +258,10 @@ class Session:
         if seconds is not None:
             self.saves.add(seconds, manifest.kind, manifest.global_step, manifest.global_step)
 
-    def save_failed(self, path: Path, e: BaseException, what: str, **fields: Any) -> None:
+    def save_failed(self, path: Path, step: Optional[int], e: BaseException, background: bool = False) -> None:
         """A checkpoint that did not commit (a storage error; in a background write anything): event
-        and warning; training continues."""
-        detail = (e.strerror or str(e)) if isinstance(e, OSError) else f"{type(e).__name__}: {e}"
-        self.event(Event.CHECKPOINT_FAILED, path=str(path), error=detail, **fields)
-        say(f"warning: {what}: {e if isinstance(e, OSError) else detail}; training continues")
+        and warning, in the words of every front end (Reporter.checkpoint_failed); training continues."""
+        self.reporter.checkpoint_failed(path, step, describe(e), background=background)
 
     # --- stop ----------------------------------------------------------------------------------
 

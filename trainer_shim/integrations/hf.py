@@ -290,7 +290,7 @@ class ResilientCallback(CallbackOptions, TrainerCallback):
             job.staged.write()
         except BaseException as e:  # a failed save, whatever the reason: training continues
             assert self.session is not None
-            self.session.save_failed(job.path, e, f"background checkpoint {job.path.name} failed", background=True)
+            self.session.save_failed(job.path, rundir.parse_hf_checkpoint_name(job.path.name), e, background=True)
             return
         self._commit(job.path, job.epoch, job.loss, job.best, None, CheckpointKind.STEP)
 
@@ -311,7 +311,7 @@ class ResilientCallback(CallbackOptions, TrainerCallback):
                                        epoch=epoch, batch_in_epoch=0, kind=kind, loss=loss)
             rundir.commit.commit_in_place(path, manifest.to_bytes())
         except OSError as e:
-            s.save_failed(path, e, f"cannot commit {path}")
+            s.save_failed(path, step, e)
         else:
             # The stall: the Trainer's save and our manifest.
             s.committed(path, manifest, self._roots(), protect=[Path(best)] if best else [], seconds=took)

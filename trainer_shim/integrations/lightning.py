@@ -245,7 +245,7 @@ class ResilientCallback(CallbackOptions, *_BASES):  # type: ignore[misc]
             return True
         except OSError as e:
             draft.discard()
-            s.save_failed(final, e, f"checkpoint at step {trainer.global_step} failed")
+            s.save_failed(final, trainer.global_step, e)
             return False
 
     def _save_background(self, trainer: Any, final: Path, pos: _Position) -> Optional[Path]:
@@ -258,7 +258,7 @@ class ResilientCallback(CallbackOptions, *_BASES):  # type: ignore[misc]
             state = copy_checkpoint(self._background, trainer, draft.path / LIGHTNING_CKPT)
         except OSError as e:  # only a synchronous fallback writes here (see copy_checkpoint)
             draft.discard()
-            s.save_failed(final, e, f"checkpoint at step {pos.step} failed")
+            s.save_failed(final, pos.step, e)
             return None
         self._saved_step = pos.step
         if state is None:  # written synchronously after all: commit it here
@@ -278,7 +278,7 @@ class ResilientCallback(CallbackOptions, *_BASES):  # type: ignore[misc]
             size, digest = write_member(draft.path, LIGHTNING_CKPT, job.state)
         except BaseException as e:  # a failed save, whatever the reason: training continues
             draft.discard()
-            s.save_failed(job.final, e, f"background checkpoint at step {job.pos.step} failed", background=True)
+            s.save_failed(job.final, job.pos.step, e, background=True)
             self._saved_step = None  # not saved after all: a final save at this step is still due
             return
         if self._commit(job.final, job.pos, CheckpointKind.STEP, {LIGHTNING_CKPT: FileEntry(size, digest)}) is None:
@@ -299,7 +299,7 @@ class ResilientCallback(CallbackOptions, *_BASES):  # type: ignore[misc]
             draft.commit(manifest.to_bytes(), repoint=False)  # `latest`: s.committed
         except OSError as e:
             draft.discard()
-            s.save_failed(final, e, f"checkpoint at step {pos.step} failed", **({"background": True} if files else {}))
+            s.save_failed(final, pos.step, e, background=files is not None)
             return None
         s.committed(final, manifest, rundir.checkpoint_roots(s.rd),
                     seconds=None if files is not None else time.monotonic() - pos.t0)
