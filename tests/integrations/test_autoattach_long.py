@@ -4,15 +4,14 @@ whose Trainer starts afresh although a checkpoint was chosen."""
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import PYTHON
+from tests.integrations.test_callback_options import lightning_killed_once
 from tests.integrations.test_integrations import _needs
 from tests.supervisor.helpers import run_cli, sup_env
-from tests.support import assert_equal_state, ended_kinds, events, first_steps, weights
+from tests.support import events, first_steps
 from trainer_shim.rundir import EXIT_NOT_EXACT, Event
 
 pytestmark = pytest.mark.long
@@ -22,24 +21,9 @@ HERE = Path(__file__).resolve().parent
 
 @_needs("lightning")
 def test_lightning_script_without_resilient_code_resumes_bit_exact(tmp_path: Path) -> None:
-    (tmp_path / "baseline").mkdir()
-    ref_out = tmp_path / "baseline" / "weights.pt"
-    base = subprocess.Popen([PYTHON, str(HERE / "lightning_job.py"), "--out", str(ref_out)],
-                            env=sup_env(RESILIENT_RUN_DIR=str(tmp_path / "baseline" / "run")),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=tmp_path / "baseline")
-    config = tmp_path / "job.yaml"
-    config.write_text("callback:\n  save_every_steps: 5\n")
-    run, out = tmp_path / "run", tmp_path / "weights.pt"
-    r = run_cli("run", "--config", str(config), "--run-dir", str(run), "--backoff", "0", str(HERE / "lightning_job.py"),
-                "--out", str(out), "--callback", "none", env=sup_env(RRTEST_FAULTS="1:kill@12"), cwd=tmp_path,
-                timeout=300)
-    _, err = base.communicate(timeout=300)
-    assert base.returncode == 0, err[-3000:]
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert ended_kinds(run) == ["signal", "success"], events(run)
+    run = lightning_killed_once(tmp_path, "callback:\n  save_every_steps: 5\n")
     assert first_steps(run)[2] == 11, events(run, Event.FIRST_STEP)   # step-00000010, then step 11
     assert not events(run, Event.RESUME_STEP_MISMATCH)
-    assert_equal_state(weights(out), weights(ref_out), "final weights vs the uninterrupted run")
 
 
 @_needs("transformers")

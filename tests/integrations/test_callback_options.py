@@ -16,15 +16,18 @@ from trainer_shim.rundir import Event
 HERE = Path(__file__).resolve().parent
 
 
-@_needs("lightning")
-def test_an_auto_attached_lightning_job_saves_on_time_and_resumes_bit_exact(tmp_path: Path) -> None:
+def lightning_killed_once(tmp_path: Path, callback_yaml: str) -> Path:
+    """An auto-attached Lightning job (no resilient-run code) under the supervisor with the config
+    file's `callback:` mapping, SIGKILLed at step 12, beside the same job uninterrupted: both
+    finish, the attempts end signal then success, and the final weights are equal bit for bit.
+    Returns the run dir."""
     (tmp_path / "baseline").mkdir()
     ref_out = tmp_path / "baseline" / "weights.pt"
     base = subprocess.Popen([PYTHON, str(HERE / "lightning_job.py"), "--out", str(ref_out)],
                             env=sup_env(RESILIENT_RUN_DIR=str(tmp_path / "baseline" / "run")),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=tmp_path / "baseline")
     config = tmp_path / "job.yaml"
-    config.write_text("callback:\n  save_every_seconds: 0.001\n")   # due at every step: no step count configured
+    config.write_text(callback_yaml)
     run, out = tmp_path / "run", tmp_path / "weights.pt"
     r = run_cli("run", "--config", str(config), "--run-dir", str(run), "--backoff", "0", str(HERE / "lightning_job.py"),
                 "--out", str(out), "--callback", "none", env=sup_env(RRTEST_FAULTS="1:kill@12"), cwd=tmp_path,
@@ -33,8 +36,15 @@ def test_an_auto_attached_lightning_job_saves_on_time_and_resumes_bit_exact(tmp_
     assert base.returncode == 0, err[-3000:]
     assert r.returncode == 0, r.stderr[-3000:]
     assert ended_kinds(run) == ["signal", "success"], events(run)
-    assert first_steps(run)[2] >= 11, events(run, Event.FIRST_STEP)   # a timed save at step 10 or later
     assert_equal_state(weights(out), weights(ref_out), "final weights vs the uninterrupted run")
+    return run
+
+
+@_needs("lightning")
+def test_an_auto_attached_lightning_job_saves_on_time_and_resumes_bit_exact(tmp_path: Path) -> None:
+    # Due at every step: no step count is configured, only the time.
+    run = lightning_killed_once(tmp_path, "callback:\n  save_every_seconds: 0.001\n")
+    assert first_steps(run)[2] >= 11, events(run, Event.FIRST_STEP)   # a timed save at step 10 or later
 
 
 @_needs("lightning")

@@ -21,7 +21,7 @@ import xxhash
 from .._state import data
 from .._session.watch import StepWatch
 from ..errors import ShimError
-from ..rundir import EXIT_OK, FAULT_KILL, MARK_BATCH, MARK_STEP, Event, RunEnv
+from ..rundir import EXIT_OK, FAULT_KILL, MARK_BATCH, MARK_STEP, RunEnv
 
 try:
     import numpy as np

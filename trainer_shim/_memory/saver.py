@@ -48,7 +48,6 @@ from .._policies.memory_interval import AutoMemory
 from .._policies.save_interval import AUTO, mtbf_for
 from .writer import serve, stop
 from ..rundir import CheckpointInfo, CheckpointKind, Event, InvalidCheckpoint
-from .._disk import members
 from .._state import capture
 
 DRAIN_GRACE = 30.0  # seconds finish()/SIGTERM/exceptions wait for an in-flight save

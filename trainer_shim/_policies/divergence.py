@@ -24,7 +24,6 @@ from typing import Any
 from .. import rundir
 from .._session.messages import say
 from ..rundir import DIVERGED_ERROR_TYPE, EXIT_DIVERGED, Event
-from ..errors import ConfigError
 from .._session.hooks import write_error_record
 
 __all__ = ["DIVERGED_ERROR_TYPE", "is_nonfinite", "nonfinite", "stop_diverged", "note_skip"]

@@ -78,9 +78,14 @@ def hf_checkpoint_name(step: int) -> str:
     return f"{HF_PREFIX}{step}"
 
 
-def parse_hf_checkpoint_name(name: str) -> Optional[int]:
-    m = _HF_RE.match(name)
+def number_in(pattern: re.Pattern, name: str) -> Optional[int]:
+    """The number `pattern`'s first group finds in a whole file name, None when it does not match."""
+    m = pattern.match(name)
     return int(m.group(1)) if m else None
+
+
+def parse_hf_checkpoint_name(name: str) -> Optional[int]:
+    return number_in(_HF_RE, name)
 
 
 def roots_file(rd: _RunRoot) -> Path:

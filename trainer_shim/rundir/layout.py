@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .errors import ContractError
-from .frameworks import parse_hf_checkpoint_name
+from .frameworks import number_in, parse_hf_checkpoint_name
 from .records import HeartbeatRecord
 
 __all__ = [
@@ -41,8 +41,8 @@ def checkpoint_name(step: int) -> str:
 
 def parse_checkpoint_name(name: str) -> Optional[int]:
     """Step of a checkpoint dir name: ours (step-XXXXXXXX) or a HF Trainer's (checkpoint-N)."""
-    m = _CKPT_RE.match(name)
-    return int(m.group(1)) if m else parse_hf_checkpoint_name(name)
+    step = number_in(_CKPT_RE, name)
+    return step if step is not None else parse_hf_checkpoint_name(name)
 
 
 def heartbeat_name(rank: int) -> str:
@@ -51,8 +51,7 @@ def heartbeat_name(rank: int) -> str:
 
 def parse_heartbeat_name(name: str) -> Optional[int]:
     """The rank of a heartbeat file name, None for anything else (temp files, step marks)."""
-    m = _HEARTBEAT_RE.match(name)
-    return int(m.group(1)) if m else None
+    return number_in(_HEARTBEAT_RE, name)
 
 
 def step_mark_name(rank: int) -> str:
