@@ -27,7 +27,6 @@ from ..errors import CheckpointError, WorldSizeMismatch
 from .._state.capture import sharded_module
 from ..errors import LiveStateChanged
 from ..rundir import EXIT_CRASH, EXIT_REFUSED, Event
-from . import read
 from .._state import capture
 
 __all__ = ["restore", "reject", "apply", "Candidate", "MemorySource", "Restored"]
@@ -221,6 +220,8 @@ def _load_members(run: Trained, path: Path, verify: bool) -> tuple[rundir.Checkp
     live = {} if hm.sharded else {
         rundir.MODEL_FILE: run.model.state_dict() if run.model is not None else None,
         rundir.OPTIMIZER_FILE: run.optimizer.state_dict() if run.optimizer is not None else None}
+    from . import read   # a fresh start reads no checkpoint
+
     info, files = read.read_checkpoint(path, names=names, verify=verify, into=live)
     tr = files.get(mine)
     if not isinstance(tr, dict) or "rng" not in tr:

@@ -11,6 +11,7 @@ One module per idea:
     errors     ShimError (the root of every shim error), ContractError (the contract's base),
                InvalidCheckpoint, EnvError
     env        every RESILIENT_* name; RunEnv (the product environment, parsed once), parse_bool;
+               doctor mode's digest-log record kinds and injected faults;
                LauncherEnv (what torchrun sets)
     exits      every exit code: the trainer's (preempted, diverged, refused, crash) and the commands'
     kinds      Kind (how an attempt ended), the error-record types that name a kind
@@ -23,8 +24,8 @@ One module per idea:
     manifest   MANIFEST.json, CheckpointKind, checkpoint validation
     selection  newest valid checkpoint, the `latest` link
     pending    a checkpoint the supervisor is still downloading (a new node's first attempt waits for it)
-    commit     the one commit protocol (tmp dir, hashed members, manifest last, rename), discard
-    writeback  a file flushed to disk in the background while it is written (the final fsync waits for the tail)
+    commit     the one commit protocol and its driver (Draft: tmp dir, manifest last, rename, `latest`),
+               the one write loop (HashingWriter, write-back while writing), discard
     index      checkpoint_metadata.json (its one writer), checkpoint search roots
     rotation   the pure retention policy: which checkpoints to delete, which are the best
     frameworks HF Trainer / Lightning layouts: checkpoint-N dirs, extra roots, member names;
@@ -35,7 +36,6 @@ One module per idea:
                rule, find/persist/free
     mounts     what is mounted where (/proc/self/mounts): cgroup hierarchies, whether a dir is in RAM
     slot_memory  who holds slot memory (owner records), what it weighs, the stale rule, freeing it
-    doctor     doctor mode: digest-log record kinds, injected faults
 
 Run-dir layout::
 
@@ -76,6 +76,7 @@ from typing import Any
 _EXPORTS: dict[str, str] = {
     "errors": "ContractError EnvError InvalidCheckpoint ShimError",
     "env": (
+        "FAULT_KILL FAULT_RAISE MARK_BATCH MARK_EPOCH MARK_STEP parse_faults "
         "ENV_ALLOW_RESHARD ENV_ATTEMPT ENV_DOCTOR ENV_DOCTOR_FAULTS ENV_DOCTOR_STEPS ENV_LAST_FAILURE "
         "ENV_NAMES ENV_NODE ENV_RESUME_FROM ENV_RUN_DIR ENV_SHM_DIR ENV_STRICT_RESUME ENV_CALLBACK "
         "RESUME_NONE RunEnv LauncherEnv parse_bool"
@@ -127,11 +128,10 @@ _EXPORTS: dict[str, str] = {
         "STALE_AFTER_S SlotGroup free_group free_stale lock_pid owner_path record_owner run_slots "
         "slot_groups stale_reason"
     ),
-    "doctor": "FAULT_KILL FAULT_RAISE MARK_BATCH MARK_EPOCH MARK_STEP parse_faults",
 }
 
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names.split()}
-SUBMODULES = tuple(sorted(set(_EXPORTS) | {"writeback", "rotation"}))
+SUBMODULES = tuple(sorted(set(_EXPORTS) | {"rotation"}))
 
 __all__ = sorted(_WHERE) + ["commit"]   # the commit protocol is also used as a module
 

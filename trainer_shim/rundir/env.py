@@ -16,15 +16,38 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Optional
 
-from .doctor import parse_faults
 from .errors import EnvError
 from .frameworks import parse_callback_options
 
 __all__ = [
+    "MARK_STEP", "MARK_BATCH", "MARK_EPOCH", "FAULT_KILL", "FAULT_RAISE", "parse_faults",
     "ENV_RUN_DIR", "ENV_ATTEMPT", "ENV_RESUME_FROM", "ENV_LAST_FAILURE", "ENV_ALLOW_RESHARD", "ENV_NODE",
     "ENV_STRICT_RESUME", "ENV_DOCTOR", "ENV_DOCTOR_FAULTS", "ENV_DOCTOR_STEPS", "ENV_CALLBACK", "ENV_NAMES",
     "ENV_SHM_DIR", "DEFAULT_SHM_DIR", "shm_dir", "RESUME_NONE", "RunEnv", "parse_bool", "LauncherEnv",
 ]
+
+# --- doctor mode: the digest log the shim appends to and `resilient-run doctor` compares, and the
+# faults the shim injects on itself (switched on by the ENV_DOCTOR* variables below) ------------
+
+# Digest-log record kinds ("at" field): at run.step(), when the next batch is handed out, at epoch end.
+MARK_STEP = "step"
+MARK_BATCH = "batch"
+MARK_EPOCH = "epoch_end"
+
+FAULT_KILL = "kill"
+FAULT_RAISE = "raise"
+
+
+def parse_faults(spec: str) -> dict[int, str]:
+    """'17:kill,41:raise' -> {17: 'kill', 41: 'raise'}; ValueError (one line) on bad input."""
+    out: dict[int, str] = {}
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        step, _, kind = part.partition(":")
+        kind = kind or FAULT_KILL
+        if not step.isdigit() or int(step) <= 0 or kind not in (FAULT_KILL, FAULT_RAISE):
+            raise ValueError(f"bad fault {part!r}; use STEP[:kill|raise], e.g. 17:kill,41:raise")
+        out[int(step)] = kind
+    return out
 
 ENV_RUN_DIR = "RESILIENT_RUN_DIR"
 ENV_ATTEMPT = "RESILIENT_ATTEMPT"          # 1-based attempt number
