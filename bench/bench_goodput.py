@@ -286,8 +286,8 @@ for r in range({rounds}):
             if side is ours:
                 run.step()
         side.append((time.perf_counter() - t0) / {block})
-skipped = run.engine.hb.fields.get("memory_snapshots_skipped", 0)
-mem = run.engine.hb.fields.get("memory_every_steps")
+skipped = run.engine.hb.value("memory_snapshots_skipped") or 0
+mem = run.engine.hb.value("memory_every_steps")
 run.finish()
 import shutil; shutil.rmtree(d, ignore_errors=True)
 print(json.dumps({{"bare": sum(bare) / len(bare), "ours": sum(ours) / len(ours), "skipped": skipped,

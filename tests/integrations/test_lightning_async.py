@@ -92,7 +92,7 @@ def test_a_due_save_waits_for_the_one_in_flight_and_nothing_is_claimed_before_it
 
         def on_train_batch_end(self, trainer: Any, pl_module: Any, *args: Any) -> None:
             if trainer.global_step == 10 and not gate.is_set():
-                seen["at 10"] = (cb.session.hb.fields.get("checkpoint_step"), _names(run))
+                seen["at 10"] = (cb.session.hb.value("checkpoint_step"), _names(run))
                 gate.set()
 
     class Buffers(pl.Callback):  # after cb: the copy of this step's save is in the buffers

@@ -54,11 +54,11 @@ first = trainer_shim.init(model=model, optimizer=opt, run_dir=sys.argv[1] + "/a"
 second = trainer_shim.init(model=model, optimizer=opt, run_dir=sys.argv[1] + "/b")
 out = {
     # The second Run's hooks replace the first's instead of chaining behind them.
-    "sigterm_is_second": signal.getsignal(signal.SIGTERM) == second._stop._handle,
-    "first_flag_off": signal.getsignal(signal.SIGTERM) != first._stop._handle,
+    "sigterm_is_second": signal.getsignal(signal.SIGTERM) == second.session.stop._handle,
+    "first_flag_off": signal.getsignal(signal.SIGTERM) != first.session.stop._handle,
     "optimizer_hooks": len(opt._optimizer_step_post_hooks),
 }
-second._hooks.uninstall()
+second.session.hooks.uninstall()
 out["restored"] = (signal.getsignal(signal.SIGTERM), sys.excepthook) == before
 try:
     trainer_shim.init(model=model, keep_lsat=2, run_dir=sys.argv[1] + "/c")
@@ -81,4 +81,4 @@ def test_a_second_run_replaces_the_first_runs_hooks_and_uninstall_restores(tmp_p
     out = json.loads(p.stdout.strip().splitlines()[-1])
     assert out["sigterm_is_second"] and out["first_flag_off"] and out["restored"], out
     assert out["optimizer_hooks"] == 1, out
-    assert out["unknown_option"] == "init() got an unexpected keyword argument 'keep_lsat'"
+    assert out["unknown_option"] == "init() got an unknown option 'keep_lsat'; did you mean 'keep_last'?"

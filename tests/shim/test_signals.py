@@ -91,7 +91,7 @@ def test_heartbeat_goes_stale_unless_asked_or_save_progresses(tmp_path: Path) ->
     try:
         time.sleep(0.3)
         assert rundir.read_heartbeat(path)["seq"] == 1, "the thread beat on its own: a hung loop would look alive"
-        hb.fields["phase"] = "training"
+        hb.progress(0, 0)   # phase training
         hb.request()
         assert wait_until(lambda: rundir.read_heartbeat(path)["seq"] == 2, 5)
         hb.begin_save()

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import math
 import os
-import sys
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -19,15 +17,13 @@ from .._policies import provenance, save_interval
 from .._restore import loop as restoring
 from .._disk import retention, save as saving
 from .. import rundir
-from .._session.engine import Engine, Reporter
+from .._session.core import Session
+from .._session.engine import Engine
 from .._session.messages import say
 from ..errors import CollectiveTimeout, ConfigError
-from .._session.heartbeat import Heartbeat
-from .._session.hooks import ProcessHooks, record_exception
 from .._session.watch import StepWatch
 from .._policies.provenance import script_path
-from .._policies.save_time import SaveTimer
-from ..rundir import CheckpointKind, Phase
+from ..rundir import CheckpointKind
 
 __all__ = ["Run", "init"]
 
@@ -51,18 +47,14 @@ class Run:
         except rundir.ContractError as e:
             raise ConfigError(str(e)) from e
         group = self._join_world(o.collective_timeout)
-        self.engine = eng = Engine(Reporter(self.rd, self.env.attempt), group)
+        self.attempt = self.env.attempt
+        # The session core (heartbeat and step mark, hooks, events, the end): the same for every front end.
+        self.session = s = Session(self.rd, self.env, rank=self.rank, world_size=self.world_size,
+                                   heartbeat_interval=o.heartbeat_interval,
+                                   position=lambda: (self.global_step, self.checkpoint_step))
+        self.engine = eng = Engine(s.reporter, group, hb=s.hb, saves=s.saves)
         self.sharded = options.decide_sharded(o.sharded, o.model)
         self.allow_reshard = bool(self.env.allow_reshard if o.allow_reshard is None else o.allow_reshard)
-        self.attempt = self.env.attempt
-        # The step mark is reset before the first beat: the supervisor trusts a mark only once this
-        # attempt's heartbeat exists, so it never reads a previous attempt's step as ours.
-        self._mark = rundir.StepMark(self.rd.step_mark(self.rank))
-        # The first beat goes out before any restore work, so a slow restore is visibly "starting".
-        eng.hb = Heartbeat(self.rd.heartbeat(self.rank), rank=self.rank, attempt=self.attempt,
-                             interval=o.heartbeat_interval, node=self.rd.node)
-        eng.hb.write_now()
-        eng.saves = SaveTimer.for_run(self)
         self.model, self.optimizer, self.scheduler, self.scaler = o.model, o.optimizer, o.scheduler, o.scaler
         self.extra: dict[str, Any] = dict(o.extra or {})
         self.save_every_seconds, eng.auto = save_interval.from_option(o.seconds_interval, self.rd, o.mtbf_hours,
@@ -72,8 +64,7 @@ class Run:
         self._reset_position()
         eng.retention = retention.Retention(self.rd, lambda: self.search_dirs, keep_last=o.keep_last,
                                               keep_epochs=o.keep_epochs, keep_best=o.keep_best)
-        self._hooks = ProcessHooks().install(self.rd, self._on_exception, o.optimizer, self._on_optimizer_step)
-        self._stop = self._hooks.stop
+        s.install_hooks(self._on_exception, o.optimizer, self._on_optimizer_step)
         eng.provenance = provenance.Provenance.for_run(script, o.strict_resume, self.env)
         if o.async_save or o.memory_every_steps:  # the memory room is loaded only when switched on
             from .._memory import saver
@@ -95,7 +86,7 @@ class Run:
             self.state.update(restored.state)
             self._checkpoint_step = restored.checkpoint_step
         self.engine.provenance.settle()   # every later manifest records it (a fresh start had no resume check)
-        self._mark.set(self.global_step)
+        self.session.mark.set(self.global_step)
         # Second "starting" beat: the supervisor learns what was actually restored (after any fallback).
         self.engine.hb.write_now(step=self.global_step, epoch=self.epoch, loss=self.loss,
                            resumed_from=self.resumed_from, checkpoint_step=self.checkpoint_step)
@@ -122,7 +113,6 @@ class Run:
         self._yielded = 0                 # batches handed out by the current training stream
         self._stream_epoch: Optional[int] = None  # epoch whose training stream has started
         self._stream_done = False
-        self._hb_last = -math.inf
         self.engine.reset()
 
     def _join_world(self, collective_timeout: float) -> Any:
@@ -208,7 +198,7 @@ class Run:
             except StopIteration:
                 break
             except Exception:
-                if self._stop.requested:
+                if self.session.stop.requested:
                     # A SIGTERM sent to the whole process group also reaches DataLoader workers,
                     # whose torch-installed handler kills them, so fetching the next batch fails.
                     # Nothing has changed since the last run.step(): stop gracefully instead.
@@ -233,17 +223,14 @@ class Run:
                     return   # on_nonfinite="skip": the step is not counted
             self.loss = value
         self.global_step += 1
-        self._mark.set(self.global_step)
+        self.session.mark.set(self.global_step)
         self.batch_in_epoch = self._yielded if self._stream_epoch == self.epoch else self.batch_in_epoch + 1
         self.engine.dirty = False
         now = time.monotonic()
-        if now - self._hb_last >= self.options.heartbeat_interval:
-            self._hb_last = now
-            self.engine.hb.progress(self.global_step, self.epoch, self.loss)
-            self.engine.hb.request()
+        self.session.beat(self.global_step, self.epoch, self.loss)
         every = self.options.step_interval
         timed = self.save_every_seconds is not None and now - self.engine.last_save_t >= self.save_every_seconds
-        stop = self._stop.requested
+        stop = self.session.stop.requested
         # Every rank must save, and stop, at the same step: one MAX all-reduce of both flags.
         stop, timed = self.engine.group.agree(stop, timed)
         if self.engine.fast is not None:
@@ -257,12 +244,8 @@ class Run:
 
     def heartbeat(self) -> None:
         """An explicit liveness beat for long non-step work (validation); rate-limited like step()."""
-        now = time.monotonic()
-        if now - self._hb_last >= self.options.heartbeat_interval:
-            self._hb_last = now
-            self.engine.hb.progress(self.global_step, self.epoch, self.loss)
-            self.engine.hb.request()
-        if self._stop.requested and self.engine.group.world_size == 1:  # multi-rank: the stop is agreed at run.step()
+        self.session.beat(self.global_step, self.epoch, self.loss)
+        if self.session.stop.requested and self.engine.group.world_size == 1:  # multi-rank: the stop is agreed at run.step()
             self._preempt()
 
     def save(self) -> Optional[Path]:
@@ -286,10 +269,9 @@ class Run:
         if self.engine.fast is not None:  # the newest state is on disk now: the memory slots can go
             self.engine.fast.close(free=final is not None)
         self.engine.retention.join()  # a finished run leaves no trash behind
-        self.engine.hb.stop()
-        self._mark.close()
-        self.engine.hb.write_now(phase=Phase.FINISHED.value, step=self.global_step, epoch=self.epoch,
-                           loss=self.loss, checkpoint_step=self.checkpoint_step)
+        # The hooks stay: an exception after finish() is still recorded (and gets no emergency save).
+        self.session.finish(uninstall=False, step=self.global_step, epoch=self.epoch, loss=self.loss,
+                            checkpoint_step=self.checkpoint_step)
 
     # --- epochs -------------------------------------------------------------------------------
 
@@ -306,7 +288,7 @@ class Run:
         if self.options.save_on_epoch_end:
             self._save(CheckpointKind.EPOCH)
         self._probe.on_epoch_end()
-        stop = self._stop.requested
+        stop = self.session.stop.requested
         stop, _ = self.engine.group.agree(stop, False)
         if stop:
             self._preempt()
@@ -348,18 +330,12 @@ class Run:
         path = self._save(CheckpointKind.PREEMPT)
         if self.engine.fast is not None:  # without a supervisor nobody else would free the slots
             self.engine.fast.close(free=path is not None and self.env.run_dir is None)
-        self.engine.hb.stop()
-        self._mark.close()
-        self.engine.hb.write_now(phase=Phase.STOPPING.value, step=self.global_step, epoch=self.epoch,
-                           loss=self.loss, checkpoint_step=self.checkpoint_step)
-        say(f"stop requested (signal {self._stop.signum}); checkpoint at step {self.global_step}; "
-             f"exiting {rundir.EXIT_PREEMPTED}")
-        self.engine.group.destroy()
-        sys.exit(rundir.EXIT_PREEMPTED)
+        self.session.exit_preempted(f"checkpoint at step {self.global_step}", self.engine.group.destroy,
+                                    step=self.global_step, epoch=self.epoch, loss=self.loss,
+                                    checkpoint_step=self.checkpoint_step)
 
     def _on_exception(self, tp: type, value: BaseException, tb: Optional[TracebackType]) -> None:
-        record_exception(self.rd, self.attempt, self.rank if self.engine.group.world_size > 1 else 0, tp, value, tb,
-                         step=self.global_step)
+        self.session.record_exception(tp, value, tb, self.global_step)
         if self.engine.finished:
             return
         if self.engine.fast is not None:

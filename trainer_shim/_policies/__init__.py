@@ -6,5 +6,4 @@ Private: users rely only on what `trainer_shim` exports.
     memory_interval  memory_every_steps="auto" (Young/Daly, capped at 1 % of training time)
     provenance     git/args of a checkpoint and strict resume
     save_interval  save_every_seconds="auto" (Young/Daly)
-    save_time      the training stall of every save, told to the run dir
 """

@@ -8,6 +8,8 @@ Private: users rely only on what `trainer_shim` exports.
     heartbeat    the heartbeat file, written by a background thread
     hooks        the process hooks of one Run, installed and removed together
     messages     say: the shim's one stderr line
+    core         Session: the session core of every front end (heartbeat, mark, hooks, events, the end)
+    save_time    SaveTimer: the training stall of every save, told to the run dir
     signals      stop flag, stack dumps, fork tie, excepthook
     watch        StepWatch: the first-step event, the "changed after run.step()" warning, total_steps
 """

@@ -10,19 +10,15 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Iterable, Optional
 
 from .. import rundir
 from ..errors import ConfigError
-from .._session.heartbeat import Heartbeat
-from .._session.hooks import ProcessHooks, record_exception
+from .._session.core import Session
 from .._disk.retention import Retention
-from .._policies.save_time import SaveTimer
-from ..rundir import Event, Manifest, Phase, RunEnv, StepMark
-from .._session.engine import Reporter
+from ..rundir import Event, Manifest, Phase, RunEnv
 from .._session.messages import describe, say
 
 
@@ -39,22 +35,23 @@ def product_env() -> RunEnv:
 COLLECTIVE_TIMEOUT_S = 300.0
 
 
-class Session:
-    """One training process's side of the run dir: rank R of a job of `world_size` ranks (as torchrun,
-    accelerate or any launcher setting RANK/WORLD_SIZE started it; a lone process is rank 0 of 1).
-
-    Every rank has its own heartbeat, step mark and error record; rank 0 alone commits manifests,
-    rotates and cleans up, after the barrier (`sync`) that says every rank's files are written.
+class FrameworkSession(Session):
+    """The session core (trainer_shim._session.core) plus what a framework callback adds: rank R of a
+    job of `world_size` ranks (as torchrun, accelerate or any launcher setting RANK/WORLD_SIZE started
+    it; a lone process is rank 0 of 1), the framework's checkpoint roots, the resume choice and the
+    commit bookkeeping. Every rank has its own heartbeat, step mark and error record; rank 0 alone
+    commits manifests, rotates and cleans up, after the barrier (`sync`) that says every rank's files
+    are written.
     """
 
     def __init__(self, run_dir: Path, *, heartbeat_interval: float = 1.0, keep_last: int = 3,
                  env: Optional[RunEnv] = None) -> None:
         self.init_time = rundir.now_iso()   # the report's start -> restore boundary (the first_step event)
-        self.env = env if env is not None else product_env()
+        env = env if env is not None else product_env()
         launcher = rundir.LauncherEnv.from_environ(os.environ)
-        self.rank, self.world_size = launcher.rank, launcher.world_size
-        self.rd = rundir.ensure_run_dir(run_dir, self.env.node)
-        self.attempt = self.env.attempt
+        super().__init__(rundir.ensure_run_dir(run_dir, env.node), env, rank=launcher.rank,
+                         world_size=launcher.world_size, heartbeat_interval=heartbeat_interval)
+        self.hb.start()
         self._group: Any = None   # distributed.Dist once torch.distributed is up (see `group`)
         self._rotation_roots: list[Path] = []
         # Deleted before returning: a framework's process may end (or be killed) right after a save.
@@ -64,19 +61,9 @@ class Session:
         self.checkpoint_step: Optional[int] = None
         self._chosen = False              # choose() ran: its answer, not the supervisor's, is the resume point
         self._resume_checked = False
-        self.hb = Heartbeat(self.rd.heartbeat(self.rank), rank=self.rank, attempt=self.attempt,
-                            interval=heartbeat_interval, node=self.rd.node)
-        self.mark = StepMark(self.rd.step_mark(self.rank))  # before the first beat: the supervisor's reached_step relies on it
-        self.hb.write_now()  # phase starting: the supervisor's startup clock stops here
-        self.hb.start()
         # Installed together, removed together at finish (or by the next Run/Session of this
         # process); SIGTERM waits for install_stop(), after the framework's own handler.
-        self.hooks = ProcessHooks().install(self.rd, self._on_exception, stop_now=False)
-        self.reporter = Reporter(self.rd, self.attempt)
-        self.saves = SaveTimer(self.event)
-        self.stop = self.hooks.stop
-        self._stopped = False
-        self._hb_last = 0.0
+        self.install_hooks(self._on_exception, stop_now=False)
         self._before_eval = Phase.STARTING.value
         self._restored_time: Optional[str] = None   # the framework's train start: its state is loaded
         self._first_step_seen = False
@@ -84,22 +71,17 @@ class Session:
     # --- heartbeats ----------------------------------------------------------------------------
 
     @classmethod
-    def open(cls, run_dir: Optional[os.PathLike | str], default_root: os.PathLike | str, **kwargs: Any) -> "Session":
+    def open(cls, run_dir: Optional[os.PathLike | str], default_root: os.PathLike | str, **kwargs: Any) -> "FrameworkSession":
         """This process's session: the supervisor's run dir ($RESILIENT_RUN_DIR) first, then the
         callback's `run_dir=`, then where the framework writes by default."""
         env = product_env()
         return cls(Path(env.run_dir or run_dir or default_root), env=env, **kwargs)
 
-    def beat(self, step: int, epoch: int, phase: str = Phase.TRAINING.value, loss: Any = None) -> None:
-        """Stamp the fields every step; the file is written at most once per heartbeat interval
-        (like run.step()), or at once when the phase changes."""
+    def beat(self, step: int, epoch: int, phase: str = Phase.TRAINING.value, loss: Any = None) -> None:  # type: ignore[override]
+        """Every step: the step mark, the report's marks, and the paced heartbeat of the core."""
         self.mark.set(step)
         self._mark_timings(step, phase)
-        changed = self.hb.progress(step, epoch, loss, Phase(phase))
-        now = time.monotonic()
-        if changed or now - self._hb_last >= self.hb.interval:
-            self._hb_last = now
-            self.hb.request()
+        super().beat(step, epoch, loss, Phase(phase))
 
     def _mark_timings(self, step: int, phase: str) -> None:
         """The report's marks, as a native run leaves them: the train start (the framework has loaded
@@ -124,10 +106,6 @@ class Session:
         if n > 0:
             self.hb.set_total_steps(n)
 
-    def beat_due(self) -> bool:
-        """Whether the next beat() writes (so a caller can skip computing what only the file needs)."""
-        return time.monotonic() - self._hb_last >= self.hb.interval
-
     def evaluating(self, on: bool) -> None:
         """Phase `evaluating` around an evaluation, then back to the phase before it (a sanity
         check before the first step returns to `starting`)."""
@@ -139,15 +117,9 @@ class Session:
 
     # --- events, errors ------------------------------------------------------------------------
 
-    def event(self, event: Event, **fields: Any) -> None:
-        self.reporter.event(event, **fields)
-
-    def reject(self, path: Path, reason: str) -> None:
-        self.reporter.rejected(path, reason)
-
     def _on_exception(self, tp: type, value: BaseException, tb: Optional[TracebackType]) -> None:
         if not issubclass(tp, (SystemExit, KeyboardInterrupt)):
-            record_exception(self.rd, self.attempt, self.rank, tp, value, tb, step=self.hb.value("step"))
+            self.record_exception(tp, value, tb, self.hb.value("step"))
 
     # --- ranks ---------------------------------------------------------------------------------
 
@@ -265,23 +237,7 @@ class Session:
 
     # --- stop ----------------------------------------------------------------------------------
 
-    def exit_preempted(self) -> None:
+    def exit_preempted(self) -> None:  # type: ignore[override]
         """After the preempt checkpoint committed: heartbeat `stopping`, exit 75."""
-        self.hb.stop()
-        self.hb.write_now(phase=Phase.STOPPING.value)
-        self.mark.close()
         where = f"checkpoint at step {self.checkpoint_step}" if self.is_zero else "rank 0 committed the checkpoint"
-        say(f"stop requested (signal {self.stop.signum}); {where}; exiting {rundir.EXIT_PREEMPTED}")
-        sys.exit(rundir.EXIT_PREEMPTED)
-
-    def install_stop(self) -> None:
-        """SIGTERM/SIGINT now mean "checkpoint at this step's end, exit 75" (see exit_preempted)."""
-        self.hooks.install_stop()
-
-    def finish(self) -> None:
-        if not self._stopped:
-            self._stopped = True
-            self.hooks.uninstall()
-            self.hb.stop()
-            self.hb.write_now(phase=Phase.FINISHED.value)
-            self.mark.close()
+        super().exit_preempted(where)

@@ -41,7 +41,7 @@ from ._background import BackgroundSaves
 from ._doctor import FrameworkDoctor
 from ._hf_async import SaveWindow, StagedFiles
 from ._options import CallbackOptions
-from ._session import Session, say
+from ._session import FrameworkSession, say
 from ..errors import ConfigError
 
 __all__ = ["ResilientCallback"]
@@ -75,7 +75,7 @@ class ResilientCallback(CallbackOptions, TrainerCallback):
     def _setup(self) -> None:
         self._background: Optional[BackgroundSaves] = None
         self._window: Optional[SaveWindow] = None
-        self.session: Optional[Session] = None
+        self.session: Optional[FrameworkSession] = None
         self.output_dir: Optional[Path] = None
         self._limit: Any = None
         self._stopping = False
@@ -94,10 +94,10 @@ class ResilientCallback(CallbackOptions, TrainerCallback):
 
     # --- setup and resume ----------------------------------------------------------------------
 
-    def _start(self, output_dir: os.PathLike | str) -> Session:
+    def _start(self, output_dir: os.PathLike | str) -> FrameworkSession:
         if self.session is None:
             self.output_dir = Path(os.path.abspath(output_dir))
-            self.session = Session.open(self.run_dir, self.output_dir, heartbeat_interval=self.heartbeat_interval)
+            self.session = FrameworkSession.open(self.run_dir, self.output_dir, heartbeat_interval=self.heartbeat_interval)
             self._doctor = FrameworkDoctor.from_env(self.session.env)
             if self._doctor is not None:  # doctor's runs must not share (or touch) the user's output_dir
                 self.output_dir = self.session.rd.root / "output"

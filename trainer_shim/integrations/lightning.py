@@ -31,7 +31,7 @@ from ._lightning_async import copy_checkpoint
 from ._resumable import ResumableLoader
 from ._doctor import FrameworkDoctor
 from ._options import DEFAULT_KEEP_LAST, CallbackOptions
-from ._session import Session, say
+from ._session import FrameworkSession, say
 
 _BASES: list[type] = []
 try:
@@ -81,16 +81,16 @@ class ResilientCallback(CallbackOptions, *_BASES):  # type: ignore[misc]
 
     def _setup(self) -> None:
         self._background: Optional[BackgroundSaves] = None
-        self.session: Optional[Session] = None
+        self.session: Optional[FrameworkSession] = None
         self._loader: Optional[ResumableLoader] = None
         self._saved_step: Optional[int] = None
         self._doctor: Optional[FrameworkDoctor] = None
 
     # --- setup and resume ----------------------------------------------------------------------
 
-    def _start(self, default_root: os.PathLike | str) -> Session:
+    def _start(self, default_root: os.PathLike | str) -> FrameworkSession:
         if self.session is None:
-            self.session = Session.open(self.run_dir, default_root, heartbeat_interval=self.heartbeat_interval,
+            self.session = FrameworkSession.open(self.run_dir, default_root, heartbeat_interval=self.heartbeat_interval,
                                         keep_last=self.keep_last or DEFAULT_KEEP_LAST)
             self._start_schedule(self.session)
             self._doctor = FrameworkDoctor.from_env(self.session.env)
