@@ -76,3 +76,31 @@ def test_every_exception_a_user_can_meet_is_exported() -> None:
 
     raised = {name for name, obj in vars(errors).items() if isinstance(obj, type) and issubclass(obj, Exception)}
     assert raised <= set(trainer_shim.__all__)
+
+
+_IMPORTED = r"""
+import json, sys
+import torch
+import trainer_shim
+model = torch.nn.Linear(2, 2)
+run = trainer_shim.init(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), run_dir=sys.argv[1])
+print(json.dumps(sorted(m for m in sys.modules if m.startswith("trainer_shim"))))
+"""
+
+
+def test_a_default_init_loads_no_extra(tmp_path: Path) -> None:
+    """With default options init() imports no memory-slot, prefault, late-copy, async or doctor module."""
+    import json
+    import subprocess
+
+    from tests.conftest import PYTHON, REPO, child_env
+
+    env = child_env(PYTHONPATH=str(REPO))
+    p = subprocess.run([PYTHON, "-c", _IMPORTED, str(tmp_path / "run")], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    loaded = json.loads(p.stdout.strip().splitlines()[-1])
+    extras = [m for m in loaded if m.startswith(("trainer_shim._memory", "trainer_shim._insight"))
+              or m in ("trainer_shim._restore.landing", "trainer_shim._restore.slot_maps",
+                       "trainer_shim._restore.raw_read", "trainer_shim.rundir.snapshots", "trainer_shim.rundir.slot_memory")]
+    assert extras == [], extras

@@ -217,11 +217,9 @@ class FrameworkSession(Session):
 
     def committed(self, path: Path, manifest: Manifest, roots: Iterable[Path], protect: Iterable[Path] = (),
                   seconds: Optional[float] = None) -> None:
-        """After a checkpoint dir got its manifest: `latest`, index, rotation (never the one just
+        """After a checkpoint dir got its manifest (and `latest`, from the commit driver): index, rotation (never the one just
         written, the one resumed from, nor one in `protect`), heartbeat field, and the `seconds`
         the save stalled training (reported as native runs report theirs)."""
-        rel = os.path.relpath(path, self.rd.checkpoints)
-        rundir.repoint_latest(self.rd.checkpoints, rel)
         self.checkpoint_step = manifest.global_step
         self.hb.set_checkpoint(manifest.global_step)
         self._rotation_roots = [Path(r) for r in roots]

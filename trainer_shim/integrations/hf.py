@@ -309,7 +309,7 @@ class ResilientCallback(CallbackOptions, TrainerCallback):
             # The Trainer named the dir already: committed in place (its manifest by temp file and rename).
             manifest = Manifest.create(rundir.commit.hash_tree(path), step=step,
                                        epoch=epoch, batch_in_epoch=0, kind=kind, loss=loss)
-            rundir.commit.commit_in_place(path, manifest.to_bytes())
+            rundir.commit.commit_in_place(path, manifest.to_bytes(), latest_in=s.rd.checkpoints)
         except OSError as e:
             s.save_failed(path, step, e)
         else:

@@ -296,7 +296,7 @@ class ResilientCallback(CallbackOptions, *_BASES):  # type: ignore[misc]
             manifest = Manifest.create(files if files is not None else rundir.commit.hash_tree(draft.path),
                                        step=pos.step, epoch=pos.epoch, batch_in_epoch=pos.batch, kind=kind,
                                        loss=pos.loss)
-            draft.commit(manifest.to_bytes(), repoint=False)  # `latest`: s.committed
+            draft.commit(manifest.to_bytes(), repoint=True)
         except OSError as e:
             draft.discard()
             s.save_failed(final, pos.step, e, background=files is not None)

@@ -281,9 +281,12 @@ def discard_abandoned(root: Path) -> None:
         shutil.rmtree(t, ignore_errors=True)
 
 
-def commit_in_place(directory: Path, manifest_bytes: bytes) -> None:
-    """Commit a dir a framework already named: its MANIFEST.json by temp file, fsync, rename."""
+def commit_in_place(directory: Path, manifest_bytes: bytes, *, latest_in: Optional[Path] = None) -> None:
+    """Commit a dir a framework already named (a HF Trainer's checkpoint-N/): its MANIFEST.json by
+    temp file, fsync, rename; `latest_in`: the checkpoints dir whose `latest` then names it."""
     atomic_write_bytes(directory / MANIFEST_NAME, manifest_bytes)
+    if latest_in is not None:
+        repoint_latest(Path(latest_in), os.path.relpath(directory, latest_in))
 
 
 def discard(path: Path, why: str = "deleting", *, then: Optional[Callable[[], None]] = None,
