@@ -65,7 +65,7 @@ class _Job:
 N_RANKS_EVERY = 10  # memory_every_steps="auto" with N ranks (no per-rank tuning: their steps must match)
 
 
-class FastSaver(SlotRestore, SnapshotHasher):
+class FastSaver(SnapshotHasher):
     """Owned by a Run's engine (`engine.fast`); see the module docstring for the policy."""
 
     def __init__(self, run: Trained, save_now: Callable[[CheckpointKind], Any], *, async_save: bool,
@@ -101,7 +101,6 @@ class FastSaver(SlotRestore, SnapshotHasher):
         self._warnings: list[str] = []
         self._skip_reported = False
         self._closed = False
-        self._offered: Any = None  # (slot info, same disk checkpoint or None) the restore loop is trying
         self._fatal: Optional[BaseException] = None  # the writer group failed: ends the process at run.step()
         # Multi-rank: the writer threads commit together over a gloo group of their own (every rank
         # creates it here, in the same order); the training thread keeps the run's group.
@@ -223,6 +222,10 @@ class FastSaver(SlotRestore, SnapshotHasher):
         if free:
             self.slots.free()
             disown_slots(self.run.rd, self.run.rank if self.world > 1 else 0)
+
+    def before_restore(self) -> Optional[SlotRestore]:
+        """The restore loop's memory source: these slots (None for N ranks: merged to disk first)."""
+        return SlotRestore(self.run, self.slots, self.persist_restored).before_restore()
 
     def persist_restored(self, info: CheckpointInfo) -> None:
         """SlotRestore.loaded(): the restored slot is not on disk yet: the writer persists it."""

@@ -1,11 +1,12 @@
 """Restoring from memory snapshot slots: the part of async_save.FastSaver the restore loop calls
 (restoring.restore): which complete slots to offer before the disk, what becomes of the one it
 loaded (kept; persisted when it is not on disk) or refused (its manifest removed), and the N-rank
-merge to disk. A mixin: FastSaver provides run, world, slots and persist_restored()."""
+merge to disk. Composed by the memory saver (trainer_shim._memory.saver.FastSaver.before_restore),
+which hands it the run, its slots and how to persist the slot it resumed from."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Optional
 
@@ -16,13 +17,15 @@ from ..rundir import CheckpointInfo, InvalidCheckpoint
 
 
 class SlotRestore:
-    run: Any
-    world: int
-    slots: Any
-    _offered: Any = None  # (slot info, same disk checkpoint or None) the restore loop is trying
+    """The memory source (loop.MemorySource) of one run: its slots (`_memory.slots.Slots`), and
+    `persist_restored(info)`, which has a slot the run resumed from written to disk."""
 
-    def persist_restored(self, info: CheckpointInfo) -> None:
-        raise NotImplementedError
+    def __init__(self, run: Any, slots: Any, persist_restored: Callable[[CheckpointInfo], None]) -> None:
+        self.run = run
+        self.world = run.engine.group.world_size
+        self.slots = slots
+        self.persist_restored = persist_restored
+        self._offered: Any = None  # (slot info, same disk checkpoint or None) the restore loop is trying
 
     def before_restore(self) -> Optional["SlotRestore"]:
         """The memory source for restoring.restore (one process), or None after N ranks' slots
