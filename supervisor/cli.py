@@ -132,10 +132,31 @@ from .cli_slots import register as _register_slots  # noqa: E402 - needs `app`
 _register_slots(app)
 
 
+def version() -> str:
+    """The installed distribution's version: one source, pyproject.toml, read through its metadata."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("resilient-run")
+    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
+
+
+@app.callback(invoke_without_command=False)
+def _top(show_version: bool = typer.Option(False, "--version", is_eager=True,
+                                           help="Print the version and exit.")) -> None:
+    if show_version:
+        print(f"resilient-run {version()}")
+        raise typer.Exit(EXIT_OK)
+
+
 def main(argv: Optional[list[str]] = None) -> None:
     """Entry point: `resilient-run [RUN OPTIONS] SCRIPT.py ...` is shorthand for `run`."""
     args = list(sys.argv[1:] if argv is None else argv)
-    if args and args[0] not in COMMANDS and args[0] not in ("-h", "--help"):
+    if args[:1] == ["--version"]:   # click wants a command after a group option: answered here
+        print(f"resilient-run {version()}")
+        sys.exit(EXIT_OK)
+    if args and args[0] not in COMMANDS and args[0] not in ("-h", "--help", "--version"):
         args.insert(0, "run")
     command = typer.main.get_command(app)
     try:

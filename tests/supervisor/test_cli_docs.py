@@ -100,3 +100,13 @@ def test_every_commands_help_shows_every_help_text_as_written() -> None:
             if text:
                 plain = text.replace("\\[", "[")   # what rich shows for an escaped bracket
                 assert "".join(plain.split()) in flat, (name, p.name, plain)
+
+
+def test_version_is_the_installed_distributions() -> None:
+    from importlib import metadata
+
+    from tests.support import run_cli
+
+    r = run_cli("--version")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == f"resilient-run {metadata.version('resilient-run')}"
