@@ -34,7 +34,7 @@ One module per idea:
                interpreter), the warm interpreter's ready file
     snapshots  memory snapshot slots in /dev/shm (or RESILIENT_SHM_DIR): names, the owner/mode trust
                rule, find/persist/free
-    mounts     what is mounted where (/proc/self/mounts): cgroup hierarchies, whether a dir is in RAM
+    mount_table  what is mounted where (/proc/self/mounts): cgroup hierarchies, whether a dir is in RAM
     slot_memory  who holds slot memory (owner records), what it weighs, the stale rule, freeing it
 
 Run-dir layout::
@@ -123,7 +123,7 @@ _EXPORTS: dict[str, str] = {
         "slot_prefix snapshot_slot_paths snapshot_slot_ranks untrusted_slot_reason complete_slots "
         "free_slots newest_complete persist_newest persist_slot remove_slot"
     ),
-    "mounts": "fs_type mounts",
+    "mount_table": "fs_type mounts",
     "slot_memory": (
         "STALE_AFTER_S SlotGroup free_group free_stale lock_pid owner_path record_owner run_slots "
         "slot_groups stale_reason"
@@ -131,6 +131,8 @@ _EXPORTS: dict[str, str] = {
 }
 
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names.split()}
+# A name never doubles as a submodule's: importing the submodule would rebind it on the package.
+assert not set(_WHERE) & set(_EXPORTS), set(_WHERE) & set(_EXPORTS)
 SUBMODULES = tuple(sorted(set(_EXPORTS) | {"rotation"}))
 
 __all__ = sorted(_WHERE) + ["commit"]   # the commit protocol is also used as a module

@@ -35,7 +35,7 @@ from .errors import EnvError, InvalidCheckpoint
 from .index import add_to_index, checkpoint_roots
 from .layout import RunDir, checkpoint_name
 from .manifest import MANIFEST_NAME, CheckpointInfo, FileEntry, Manifest, inspect_checkpoint, safe_member
-from .mounts import fs_type
+from .mount_table import fs_type
 from .selection import newest_valid
 
 # Read once at import: the supervisor and its trainers inherit the same environment.
