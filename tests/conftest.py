@@ -3,17 +3,65 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
+import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 REPO = Path(__file__).resolve().parent.parent
 JOBS = REPO / "tests" / "jobs"
 PYTHON = sys.executable
+
+# This pytest process's own memory-snapshot slot directory (each xdist worker is one process). Every
+# run that takes memory snapshots frees the *stale* slots it finds (owner dead, run dir gone), and
+# `slots --json` / `--free-stale` list and free every group in the directory: in a shared /dev/shm
+# they would see, and take back, the slots of a test running on another worker (or in another
+# checkout's pytest on the same box). Set before trainer_shim is imported (it reads it once) and
+# passed on to every job (child_env); the user's own RESILIENT_SHM_DIR, if any, is the parent.
+SHM_ENV = "RESILIENT_SHM_DIR"
+WORKER = os.environ.get("PYTEST_XDIST_WORKER", "main")
+SHM_DIR = Path(os.environ.get(SHM_ENV) or "/dev/shm") / f"rrtest-{WORKER}-{os.getpid()}"
+SHM_DIR.mkdir(mode=0o700, exist_ok=True)
+os.environ[SHM_ENV] = str(SHM_DIR)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    shutil.rmtree(SHM_DIR, ignore_errors=True)
+
+
+_SESSION_DIR: list[Path] = []
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_dir(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The directory every process of this test session shares: an xdist worker's basetemp is
+    <session dir>/popen-gwN, a run without xdist has the session dir itself."""
+    base = tmp_path_factory.getbasetemp()
+    _SESSION_DIR[:] = [base.parent if "PYTEST_XDIST_WORKER" in os.environ else base]
+
+
+def built_once(what: str, key: tuple[str, ...], build: Callable[[Path], None]) -> Path:
+    """A directory `build(dir)` fills once per test session, whichever worker asks first; the others
+    wait for it (a file lock) and then read it. For the uninterrupted reference runs the bit-exact
+    tests compare against: deterministic, so one run serves every worker. Read-only for its users."""
+    assert _SESSION_DIR, "built_once needs the session (call it from a test or fixture)"
+    name = f"{what}-{hashlib.sha256(repr(key).encode()).hexdigest()[:12]}"
+    d = _SESSION_DIR[0] / "built-once" / name
+    d.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(d) + ".lock"):
+        done = d / ".built"
+        if not done.exists():
+            shutil.rmtree(d, ignore_errors=True)   # a build that failed half-way
+            d.mkdir()
+            build(d)
+            done.touch()
+    return d
 
 
 @pytest.fixture
@@ -23,8 +71,9 @@ def run_dir(tmp_path: Path) -> Path:
 
 
 def child_env(**extra: str) -> dict[str, str]:
-    """The environment for a job subprocess: ours, minus anything a supervisor would have set."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RESILIENT_")}
+    """The environment for a job subprocess: ours, minus anything a supervisor would have set (the
+    slot directory is the user's setting: this process's own, see SHM_DIR)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RESILIENT_") or k == SHM_ENV}
     env.setdefault("PYTHONUNBUFFERED", "1")
     # Two cores: keep torch from oversubscribing when tests and helpers run side by side.
     env.setdefault("OMP_NUM_THREADS", "1")
