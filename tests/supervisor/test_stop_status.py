@@ -9,6 +9,7 @@ from pathlib import Path
 from supervisor.insight import render
 from supervisor.insight.status import open_run_dir, read_status
 from tests.conftest import JOBS
+from trainer_shim import rundir
 
 from .helpers import FAKE_JOB, events, heartbeat, kill_group, run_cli, start_cli, sup_env, wait_until
 
@@ -75,7 +76,11 @@ def test_stop_below_a_launcher_asks_the_trainer_not_the_launcher(run_dir):
     # Not "killed by SIGTERM" (the launcher's death) but the trainer's own preempt exit, passed on.
     assert ended["kind"] == "preempted" and ended["exit_code"] == 75 and ended["signal"] is None, ended
     [stopped] = events(run_dir, "stopped")
-    assert stopped["saved"] is True and stopped["step"] < 100  # its own preempt checkpoint, not a periodic one
+    # Its own preempt checkpoint, not a periodic one, at whatever step the stop reached it (the index
+    # records the kind: a stop that lands on a periodic save's step upgrades that save to preempt).
+    assert stopped["saved"] is True
+    index = rundir.read_index(rundir.RunDir(run_dir))
+    assert index[rundir.checkpoint_name(stopped["step"])]["kind"] == rundir.CheckpointKind.PREEMPT.value, (stopped, index)
 
 
 def test_stop_during_backoff_keeps_the_real_failure(run_dir):
