@@ -35,6 +35,37 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     shutil.rmtree(SHM_DIR, ignore_errors=True)
 
 
+def _port_block() -> range:
+    """This process's ports: below the kernel's ephemeral range (where bind(0) and every connect()
+    take theirs, e.g. the many of gloo's meshes), one block of 200 per xdist worker."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    n = int(WORKER[2:]) if WORKER.startswith("gw") and WORKER[2:].isdigit() else 0
+    base = 20000 + 200 * n
+    return range(base, min(base + 200, max(low, base + 1)))
+
+
+_PORTS = iter(_port_block())
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free now and that no other worker of this session hands out,
+    nor the kernel to anyone (a port from bind(0) is released before its user binds it: meanwhile
+    a test on another worker could be given the same one)."""
+    import socket
+
+    for port in _PORTS:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"xdist worker {WORKER}: its block of ports {_port_block()} is used up")
+
+
 _SESSION_DIR: list[Path] = []
 
 

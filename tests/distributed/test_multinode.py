@@ -10,7 +10,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -20,16 +19,11 @@ from typing import Optional
 import psutil
 import pytest
 
+from tests.conftest import free_port
 from tests.distributed.common import DDP_JOB, FAST
 from tests.support import assert_same_weights, invoke_cli
 from tests.supervisor.helpers import alive, ended_kinds, events, kill_group, run_cli, start_cli, sup_env, wait_until
 from trainer_shim import rundir
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _listening(port: int) -> bool:
@@ -83,7 +77,7 @@ def _rank_of_node(rd: Path, node: int, min_step: int) -> dict | None:
 
 def test_rank_killed_on_node_1_both_nodes_recover_from_the_same_checkpoint(reference: Path, tmp_path: Path):
     rd, out = tmp_path / "run", tmp_path / "out"
-    port = _free_port()
+    port = free_port()
     common = ("--nproc-per-node", "1", "--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{port}", "--run-dir", str(rd),
               *FAST, "--heartbeat-timeout", "30")
     job = (DDP_JOB, "--out-dir", str(out), "--step-sleep", "0.2")
@@ -144,7 +138,7 @@ def test_node_restarting_before_its_peer_rejoins_the_closed_rendezvous_without_s
     the hang: node 1's restarts meanwhile fail to join. Those are `rendezvous` retries, free: with
     --max-restarts 1 and a crash-loop limit of 2, neither gives up nor condemns the checkpoint."""
     rd, out = tmp_path / "run", tmp_path / "out"
-    port = _free_port()
+    port = free_port()
     cfg = tmp_path / "job.yaml"
     cfg.write_text("backoff_max: 4\ncrash_loop_attempts: 2\n")
     common = ("--nproc-per-node", "1", "--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{port}", "--run-dir", str(rd),
