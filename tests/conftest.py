@@ -66,6 +66,38 @@ def free_port() -> int:
     raise RuntimeError(f"xdist worker {WORKER}: its block of ports {_port_block()} is used up")
 
 
+# Longest first: xdist hands tests out in collection order, so a long test collected last runs
+# alone at the end while the other workers idle. The master records each test's time (all phases)
+# in pytest's cache; a later parallel run collects the slowest first (new tests, unknown, first of
+# all). No cache (a fresh clone), no change: the order is then the files'.
+_DURATIONS = "rrtest/durations"
+_TIMES: dict[str, float] = {}
+
+
+def _plain_id(nodeid: str) -> str:
+    return nodeid.split("@", 1)[0] if "@" in nodeid.rsplit("]", 1)[-1] else nodeid   # xdist's "@group"
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    cache = getattr(config, "cache", None)
+    if cache is None or not config.pluginmanager.hasplugin("xdist") or not config.getoption("numprocesses", None):
+        return
+    known = cache.get(_DURATIONS, {})
+    if known:
+        items.sort(key=lambda it: (_plain_id(it.nodeid) in known, -known.get(_plain_id(it.nodeid), 0.0)))
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _TIMES[_plain_id(report.nodeid)] = _TIMES.get(_plain_id(report.nodeid), 0.0) + report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    cache = getattr(session.config, "cache", None)
+    if cache is not None and "PYTEST_XDIST_WORKER" not in os.environ and _TIMES:
+        cache.set(_DURATIONS, {**cache.get(_DURATIONS, {}), **{k: round(v, 2) for k, v in _TIMES.items()}})
+
+
 _SESSION_DIR: list[Path] = []
 
 
