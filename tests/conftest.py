@@ -80,12 +80,33 @@ def _plain_id(nodeid: str) -> str:
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    cache = getattr(config, "cache", None)
-    if cache is None or not config.pluginmanager.hasplugin("xdist") or not config.getoption("numprocesses", None):
+    if "PYTEST_XDIST_WORKER" not in os.environ:   # only a worker's collection is what xdist hands out
         return
-    known = cache.get(_DURATIONS, {})
+    _suffix_xdist_groups(config, items)
+    cache = getattr(config, "cache", None)
+    known = cache.get(_DURATIONS, {}) if cache is not None else {}
     if known:
         items.sort(key=lambda it: (_plain_id(it.nodeid) in known, -known.get(_plain_id(it.nodeid), 0.0)))
+
+
+def _suffix_xdist_groups(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """What pytest-xdist's --dist loadgroup does to a worker's items, done so that it works: the group
+    goes into the node id as "@group", which the scheduler groups by. xdist 3.8 sets the old private
+    `_nodeid`, which pytest 9 no longer reads (its node id is `_id`): every group was ignored."""
+    if not getattr(config.option, "loadgroup", False):
+        return
+    for item in items:
+        groups = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                         for m in item.iter_markers("xdist_group")})
+        if not groups or item.nodeid.endswith("@" + "_".join(groups)):
+            continue
+        grouped = f"{item.nodeid}@{'_'.join(groups)}"
+        if hasattr(item, "_id"):
+            from _pytest.nodeid import coerce_node_id
+
+            item._id = coerce_node_id(grouped)
+        else:
+            item._nodeid = grouped
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
