@@ -27,6 +27,9 @@ import pytest
 from tests.conftest import REPO
 from tests.save_modes import MODES
 
+# One worker runs this module (--dist loadgroup): its tests share one collection of the whole suite.
+pytestmark = pytest.mark.xdist_group("test_markers")
+
 LONG_MODULES = re.compile(r"^tests/.*(_long|/test_soak)\.py$")
 # Param ids that say "long variant": ten kills of a chaos seed.
 LONG_PARAM_TOKENS = {"kills10"}
