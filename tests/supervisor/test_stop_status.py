@@ -76,11 +76,13 @@ def test_stop_below_a_launcher_asks_the_trainer_not_the_launcher(run_dir):
     # Not "killed by SIGTERM" (the launcher's death) but the trainer's own preempt exit, passed on.
     assert ended["kind"] == "preempted" and ended["exit_code"] == 75 and ended["signal"] is None, ended
     [stopped] = events(run_dir, "stopped")
-    # Its own preempt checkpoint, not a periodic one, at whatever step the stop reached it (the index
-    # records the kind: a stop that lands on a periodic save's step upgrades that save to preempt).
+    # Saved at once, at whatever step the stop reached it (not at the next periodic save, every 100
+    # steps): the trainer's last heartbeat is at that step, and so is its newest checkpoint.
     assert stopped["saved"] is True
-    index = rundir.read_index(rundir.RunDir(run_dir))
-    assert index[rundir.checkpoint_name(stopped["step"])]["kind"] == rundir.CheckpointKind.PREEMPT.value, (stopped, index)
+    hb = heartbeat(run_dir)
+    assert hb["phase"] == "stopping" and hb["step"] == hb["checkpoint_step"] == stopped["step"], (hb, stopped)
+    newest = rundir.newest_valid([rundir.RunDir(run_dir).checkpoints])
+    assert newest is not None and newest.step == stopped["step"], (newest, stopped)
 
 
 def test_stop_during_backoff_keeps_the_real_failure(run_dir):
