@@ -19,7 +19,9 @@ system-deps:
 	@bash .ci/system-deps
 
 # Parallel (pytest-xdist). Most of a test's time is a real process starting, saving, being killed or
-# restarting, so workers outnumber cores: 2 per core, at least 4 (measured on 2 cores: 4 beat 6).
+# restarting, so workers outnumber cores: 2 per core, at least 4. On 2 cores the suite is CPU-bound
+# in parallel (one run used ~33 CPU-minutes: torch imports, warm standbys), so more workers there only
+# add contention and stretch the tests' timing; on more cores the count grows with them.
 # `make test WORKERS=0` runs serially in one process. --dist loadgroup keeps each real daemon's tests
 # (tests/deploy: Slurm, Prometheus) on the one worker that started it.
 WORKERS ?= $(shell $(PYTHON) -c "import os; print(max(4, 2 * len(os.sched_getaffinity(0))))")
