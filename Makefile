@@ -18,13 +18,22 @@ $(STAMP): pyproject.toml constraints-dev.txt
 system-deps:
 	@bash .ci/system-deps
 
+# Parallel (pytest-xdist). Most of a test's time is a real process starting, saving, being killed or
+# restarting, so workers outnumber cores: 2 per core, at least 4. On 2 cores the suite is CPU-bound
+# in parallel (one run used ~33 CPU-minutes: torch imports, warm standbys), so more workers there only
+# add contention and stretch the tests' timing; on more cores the count grows with them.
+# `make test WORKERS=0` runs serially in one process. --dist loadgroup keeps each real daemon's tests
+# (tests/deploy: Slurm, Prometheus) on the one worker that started it.
+WORKERS ?= $(shell $(PYTHON) -c "import os; print(max(4, 2 * len(os.sched_getaffinity(0))))")
+XDIST   := -n $(WORKERS) --dist loadgroup
+
 test: install system-deps
-	$(PY) -m pytest -q -ra --durations=15 -m "not long" tests
+	$(PY) -m pytest -q -ra --durations=15 $(XDIST) -m "not long" tests
 
 # The long variants, wherever they are: the chaos soak, repeated seeds and every save mode of the
 # resume and DDP tests. One marker selects them (tests/test_markers.py checks that none escapes it).
-test-faults: install
-	$(PY) -m pytest -q -ra --durations=15 -m long tests
+test-faults: install system-deps
+	$(PY) -m pytest -q -ra --durations=15 $(XDIST) -m long tests
 
 demo: install
 	$(PY) examples/demo.py

@@ -23,7 +23,7 @@ import typer
 from typer.testing import CliRunner
 
 from supervisor import cli
-from tests.conftest import JOBS, PYTHON, REPO, child_env
+from tests.conftest import JOBS, PYTHON, REPO, SHM_ENV, child_env
 from trainer_shim.rundir import (
     MANIFEST_NAME, ContractError, Event, Phase, RunDir, parse_checkpoint_name, read_events, read_heartbeat, read_json,
 )
@@ -64,7 +64,7 @@ def invoke_cli(*args: str, cwd: Optional[Path] = None) -> subprocess.CompletedPr
 
     Same shape as run_cli's result; an uncaught exception is appended to stderr as its traceback, as
     the real process would print it."""
-    unset = {k: None for k in os.environ if k.startswith("RESILIENT_")}  # as sup_env: no supervisor around us
+    unset = {k: None for k in os.environ if k.startswith("RESILIENT_") and k != SHM_ENV}  # as sup_env
     # main() is the entry point (it turns errors into one line and an exit code), so a one-command
     # app calls it: CliRunner then captures stdout, stderr and the SystemExit as the process would.
     command = typer.Typer(add_completion=False)

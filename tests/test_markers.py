@@ -1,50 +1,40 @@
 """One marker, `long`, selects every long variant: `make test` = `-m "not long"`, `make test-faults` =
 `-m long`. Long variants were once skipped by five different mechanisms, and some were silently never
-run; these checks collect the suite the way the Makefile does (a real pytest in a subprocess) so that a
-variant can neither escape the marker nor drop out of both selections."""
+run. The marker is applied where the test is written (a long module's `pytestmark`, a matrix's
+`pytest.param(..., marks=pytest.mark.long)`, a test's decorator); these checks hold no list of node
+ids. They collect the suite the way the Makefile does (a real pytest in a subprocess) and assert rules
+a new test cannot slip past:
+
+  * the two selections split the suite;
+  * a long module (`*_long.py`, the soak) marks itself, and each collects long tests;
+  * a param id that names a long variant (`...-kills10`) is long;
+  * a save-mode matrix has long variants and runs at most two variants in `make test`;
+  * a single `pytest.mark.long` outside a long module says beside it why (what covers its path in
+    `make test`), so that taking a test out of `make test` is a visible decision;
+  * nothing but the marker skips a long variant.
+"""
 
 from __future__ import annotations
 
 import re
 import subprocess
 import sys
+from collections import defaultdict
+from pathlib import Path
 
 import pytest
 
 from tests.conftest import REPO
 from tests.save_modes import MODES
 
-# Parametrized by save mode: the variants `make test` runs. Every other variant of these tests is long;
-# a new save-mode-parametrized test must be declared here (see test_every_save_mode_matrix_is_declared).
-SHORT_VARIANTS = {
-    # Every seed of the chaos campaign is long (~27 s each): make test's chaos is the async+memory one.
-    "tests/faults/test_chaos_kill.py::test_chaos_sigkill_of_the_trainer_is_bit_exact": set(),
-    "tests/faults/test_memory_snapshots.py::test_chaos_kill9_with_async_saves_and_memory_snapshots_is_bit_exact":
-        {"async+memory-3"},
-    # The seven-kill chain (sync-0-3-kills0, ~27 s) is long: the async+memory chaos, the kill-during-
-    # save variants and every front end's two-kill chain cover its moments in `make test`.
-    "tests/shim/test_resume_exact.py::test_sigkill_anywhere_resumes_bit_exact": {"sync-2-2-kills1"},
-    "tests/shim/test_resume_exact.py::test_sigkill_during_save_resumes_bit_exact": {"sync-0", "async-0"},
-    "tests/distributed/test_ddp.py::test_fast_saves_of_every_rank_survive_sigkill_bit_exact": {"memory"},
-}
-# Single long tests outside a long module (each used to skip unless an environment variable was set).
-LONG_TESTS = {
-    "tests/distributed/test_ddp.py::test_a_full_primary_root_sends_every_ranks_save_to_the_fallback_dir",
-    "tests/faults/test_memory_snapshots.py::test_a_half_written_or_untrusted_slot_is_never_used[loose_mode]",
-    "tests/faults/test_slot_memory.py::test_stale_slots_of_a_deleted_run_are_freed_by_the_next_run",
-    # Three-kill chains across epoch ends (each front end's two-kill chain runs by default).
-    "tests/integrations/test_chains.py::test_raw_loop_chain_of_three_kills_is_bit_exact",
-    "tests/integrations/test_chains.py::test_hf_trainer_chain_of_three_kills_is_bit_exact",
-    "tests/integrations/test_chains.py::test_lightning_chain_of_three_kills_is_bit_exact",
-    # Each ~23-33 s, kept out of `make test` (25-minute limit) where a test there covers the same path.
-    "tests/distributed/test_multinode.py::test_node_restarting_before_its_peer_rejoins_the_closed_rendezvous_without_spending_restarts",
-    "tests/integrations/test_ranks.py::test_hf_trainer_two_ranks_kill9_of_rank_1_restarts_the_group_exact",
-    "tests/deploy/test_slurm.py::test_multinode_script_on_one_node_stops_requeues_and_resumes_exact",
-    "tests/deploy/test_slurm.py::test_scontrol_requeue_stops_with_a_checkpoint_and_the_rerun_resumes_exact",
-    "tests/supervisor/test_warm_restart.py::test_warm_restart_matches_cold_and_is_bit_exact",
-}
-LONG_MODULES = re.compile(r"^tests/.*(_long|/test_soak)\.py::")
+# One worker runs this module (--dist loadgroup): its tests share one collection of the whole suite.
+pytestmark = pytest.mark.xdist_group("test_markers")
 
+LONG_MODULES = re.compile(r"^tests/.*(_long|/test_soak)\.py$")
+# Param ids that say "long variant": ten kills of a chaos seed.
+LONG_PARAM_TOKENS = {"kills10"}
+# A save-mode matrix keeps a representative subset in `make test`, at most this many variants.
+MAX_SHORT_SAVE_MODE_VARIANTS = 2
 
 # One collection with `-m long`, as `make test-faults` selects: what it keeps is the long selection,
 # what its -m deselects is exactly `-m "not long"` (make test). Collecting the suite costs ~10 s.
@@ -57,7 +47,8 @@ class Report:
     def pytest_collection_finish(self, session):
         for item in session.items:
             print("long " + item.nodeid)
-sys.exit(pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", "-m", "long", "tests"], plugins=[Report()]))
+sys.exit(pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "-m", "long", "tests"],
+                     plugins=[Report()]))
 """
 
 
@@ -79,11 +70,23 @@ def _split(nodeid: str) -> tuple[str, str]:
     return base, params.rstrip("]")
 
 
-def _should_be_long(nodeid: str) -> bool:
-    base, params = _split(nodeid)
-    if LONG_MODULES.match(nodeid) or nodeid in LONG_TESTS or "kills10" in params.split("-"):
-        return True
-    return base in SHORT_VARIANTS and params not in SHORT_VARIANTS[base]
+def _module(nodeid: str) -> str:
+    return nodeid.partition("::")[0]
+
+
+def _save_mode_matrices(ids: set[str]) -> dict[str, set[str]]:
+    """Test (base id) -> the ids of its variants, for every test parametrized by save mode."""
+    out: dict[str, set[str]] = defaultdict(set)
+    for i in ids:
+        base, params = _split(i)
+        if params.split("-")[0] in MODES:
+            out[base].add(i)
+    return out
+
+
+def _long_module_files() -> list[Path]:
+    return [f for f in REPO.joinpath("tests").rglob("test_*.py")
+            if LONG_MODULES.match(str(f.relative_to(REPO)))]
 
 
 def test_long_and_short_selections_split_the_suite(selections):
@@ -92,34 +95,50 @@ def test_long_and_short_selections_split_the_suite(selections):
     assert not long_ids & short_ids
 
 
-def test_every_long_variant_carries_the_marker(selections):
+def test_a_long_module_marks_itself_and_holds_only_long_tests(selections):
     long_ids, short_ids = selections
-    escaped = sorted(i for i in short_ids if _should_be_long(i))
-    assert not escaped, f"long variants that `make test` would run (mark them pytest.mark.long): {escaped}"
-    unexpected = sorted(i for i in long_ids if not _should_be_long(i))
-    assert not unexpected, f"marked long but not declared long here (update this file): {unexpected}"
+    files = _long_module_files()
+    assert files
+    unmarked = [str(f.relative_to(REPO)) for f in files
+                if not re.search(r"^pytestmark = .*pytest\.mark\.long\b", f.read_text(), re.M)]
+    assert not unmarked, f"a long module applies the marker to itself (pytestmark = pytest.mark.long): {unmarked}"
+    escaped = sorted(i for i in short_ids if LONG_MODULES.match(_module(i)))
+    assert not escaped, f"tests of long modules that `make test` would run: {escaped}"
+    empty = [str(f.relative_to(REPO)) for f in files if not any(_module(i) == str(f.relative_to(REPO)) for i in long_ids)]
+    assert not empty, f"long modules of which `make test-faults` collects nothing: {empty}"
 
 
-def test_the_declared_short_variants_stay_in_make_test(selections):
+def test_a_param_id_naming_a_long_variant_is_long(selections):
     _, short_ids = selections
-    declared = {f"{base}[{p}]" for base, ps in SHORT_VARIANTS.items() for p in ps}
-    assert declared <= short_ids, sorted(declared - short_ids)
+    escaped = sorted(i for i in short_ids if LONG_PARAM_TOKENS & set(_split(i)[1].split("-")))
+    assert not escaped, f"long variants that `make test` would run (mark them pytest.mark.long): {escaped}"
 
 
-def test_every_long_module_and_seed_matrix_is_selected(selections):
-    long_ids, _ = selections
-    bases = {_split(i)[0] for i in long_ids}
-    assert {"tests/faults/test_soak.py::test_chaos_soak",
-            "tests/faults/test_learned_timeout_long.py::test_8s_saves_with_50ms_steps"} <= bases
-    assert any(i.startswith("tests/faults/test_doctor_long.py::") for i in long_ids)
-    for base in SHORT_VARIANTS:
-        assert any(_split(i)[0] == base for i in long_ids), f"{base}: no long variant selected"
-
-
-def test_every_save_mode_matrix_is_declared(selections):
+def test_every_save_mode_matrix_runs_long_and_a_subset_in_make_test(selections):
     long_ids, short_ids = selections
-    mode_tests = {_split(i)[0] for i in long_ids | short_ids if _split(i)[1].split("-")[0] in MODES}
-    assert mode_tests <= set(SHORT_VARIANTS), sorted(mode_tests - set(SHORT_VARIANTS))
+    matrices = _save_mode_matrices(long_ids | short_ids)
+    assert matrices, "no save-mode matrix collected"
+    for base, variants in sorted(matrices.items()):
+        short = sorted(variants & short_ids)
+        assert variants & long_ids, f"{base}: no variant in make test-faults"
+        assert len(short) <= MAX_SHORT_SAVE_MODE_VARIANTS, (
+            f"{base}: {len(short)} save-mode variants in make test (at most {MAX_SHORT_SAVE_MODE_VARIANTS}; "
+            f"mark the others long): {short}")
+
+
+def test_a_single_long_mark_says_why_beside_it():
+    """Outside a long module (whose pytestmark is the reason) and the save-mode matrices (save_modes.modes),
+    each `pytest.mark.long` has a comment on its line or the line above: what covers its path in make test."""
+    silent = []
+    for f in sorted(REPO.joinpath("tests").rglob("*.py")):
+        rel = str(f.relative_to(REPO))
+        if LONG_MODULES.match(rel) or f.name in ("test_markers.py", "save_modes.py"):
+            continue
+        lines = f.read_text().splitlines()
+        for n, line in enumerate(lines):
+            if "mark.long" in line and "#" not in line and not (n and lines[n - 1].lstrip().startswith("#")):
+                silent.append(f"{rel}:{n + 1}")
+    assert not silent, f"say why beside each of these long marks (a comment: what covers it in make test): {silent}"
 
 
 def test_no_other_mechanism_skips_long_variants():

@@ -14,6 +14,19 @@ import pytest
 from .daemons import APT_HINT, PROMETHEUS_TOOLS, SLURM_TOOLS, Prometheus, Slurm, missing
 
 
+# Under pytest-xdist each worker is its own session: a session fixture would start one cluster per
+# worker that touches it. Every test using a daemon joins that daemon's xdist group instead, so with
+# `--dist loadgroup` (the Makefile's) one worker runs them all, one after the other, on one cluster.
+_GROUPS = {"slurm": "slurm", "slurm_jobs": "slurm", "prometheus": "prometheus"}
+
+
+@pytest.hookimpl(tryfirst=True)   # before xdist's own hook reads the group marks
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        for group in sorted({g for f, g in _GROUPS.items() if f in getattr(item, "fixturenames", ())}):
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
 def _started(request, service_type, tools: tuple[str, ...], what: str):
     absent = missing(tools)
     if absent:

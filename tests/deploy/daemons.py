@@ -23,6 +23,8 @@ from typing import Callable, Optional
 
 import psutil
 
+from tests.conftest import free_port
+
 SLURM_TOOLS = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "scontrol", "squeue", "sinfo", "srun")
 PROMETHEUS_TOOLS = ("prometheus", "prometheus-node-exporter", "promtool")
 APT_HINT = "install them with `make system-deps` (apt-get)"
@@ -36,12 +38,6 @@ def which(tool: str) -> str:
     found = shutil.which(tool, path=f"{os.environ.get('PATH', '')}:/usr/sbin:/sbin")
     assert found, tool
     return found
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def poll(pred: Callable[[], object], timeout: float, what: str, interval: float = 0.1) -> object:

@@ -4,13 +4,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import built_once
 from tests.distributed.common import recovered_run
 
 
 def _uninterrupted(tmp_path_factory, name: str, *job_args: str) -> Path:
-    tmp = tmp_path_factory.mktemp(name)
-    recovered_run(tmp, "ref", *job_args, kinds=["success"])
-    return tmp / "ref"
+    """Run once per test session (every xdist worker reads the same one)."""
+    return built_once(name, job_args, lambda d: recovered_run(d, "ref", *job_args, kinds=["success"])) / "ref"
 
 
 @pytest.fixture(scope="session")

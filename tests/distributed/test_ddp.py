@@ -103,11 +103,11 @@ def test_fast_saves_of_every_rank_survive_sigkill_bit_exact(reference: Path, tmp
         assert starts == [str(rd.resolve() / "checkpoints" / rundir.checkpoint_name(8)), kept[-1]["path"]]
     else:
         assert all(s is not None and rundir.parse_checkpoint_name(Path(s).name) is not None for s in starts), starts
-    assert not [p for p in Path("/dev/shm").iterdir() if p.name.startswith(rundir.snapshot_slot_paths(rd)[0].name[:-1])]
+    assert not [p for p in rundir.SHM_DIR.iterdir() if p.name.startswith(rundir.snapshot_slot_paths(rd)[0].name[:-1])]
     assert not list(rundir.tmp_dirs(rd / "checkpoints"))
 
 
-@pytest.mark.long
+@pytest.mark.long   # make test: the single-process fallback dir (tests/faults/test_disk_full.py)
 def test_a_full_primary_root_sends_every_ranks_save_to_the_fallback_dir(reference: Path, tmp_path: Path):
     # run/checkpoints is an 8 KiB tmpfs: a rank's write fails there (ENOSPC) and the same save,
     # on every rank, goes to the fallback dir; the resume after a kill comes from there.

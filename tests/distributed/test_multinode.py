@@ -10,23 +10,20 @@ import json
 import os
 import re
 import signal
-import socket
+import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Optional
 
 import psutil
 import pytest
 
+from tests.conftest import free_port
 from tests.distributed.common import DDP_JOB, FAST
 from tests.support import assert_same_weights, invoke_cli
 from tests.supervisor.helpers import alive, ended_kinds, events, kill_group, run_cli, start_cli, sup_env, wait_until
 from trainer_shim import rundir
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _listening(port: int) -> bool:
@@ -34,16 +31,21 @@ def _listening(port: int) -> bool:
                for c in psutil.net_connections(kind="tcp"))
 
 
-def _start_nodes(first: int, common: tuple[str, ...], job: tuple[str, ...], port: int, env: dict) -> list:
+def _start_nodes(first: int, common: tuple[str, ...], job: tuple[str, ...], port: int, env: dict,
+                 while_alone: Optional[Callable[[subprocess.Popen], None]] = None) -> list:
     """Both nodes' supervisors, node `first` started alone until its torchrun hosts the c10d store.
 
     On one machine either torchrun may host the store (both match 127.0.0.1); on a cluster it is
     the node named in --rdzv-endpoint. Fixing it makes the order of the teardown race known.
+    `while_alone(node first's supervisor)` runs before the other node starts: node `first` waits in
+    the rendezvous meanwhile, however long that takes (it cannot train, let alone finish, alone).
     """
     sups: dict[int, object] = {first: start_cli(*common, "--node-rank", str(first), *job, env=env)}
     try:
         wait_until(lambda: _listening(port), timeout=90, what=f"node {first}'s torchrun to host the store")
-    except AssertionError:
+        if while_alone is not None:
+            while_alone(sups[first])
+    except BaseException:
         kill_group(sups[first])
         raise
     sups[1 - first] = start_cli(*common, "--node-rank", str(1 - first), *job, env=env)
@@ -75,18 +77,21 @@ def _rank_of_node(rd: Path, node: int, min_step: int) -> dict | None:
 
 def test_rank_killed_on_node_1_both_nodes_recover_from_the_same_checkpoint(reference: Path, tmp_path: Path):
     rd, out = tmp_path / "run", tmp_path / "out"
-    port = _free_port()
+    port = free_port()
     common = ("--nproc-per-node", "1", "--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{port}", "--run-dir", str(rd),
               *FAST, "--heartbeat-timeout", "30")
     job = (DDP_JOB, "--out-dir", str(out), "--step-sleep", "0.2")
-    # Node 1 hosts the store, so its restart finds no closed rendezvous of the old attempt's.
-    sups = _start_nodes(1, common, job, port, sup_env())
-    try:
-        victim = wait_until(lambda: _rank_of_node(rd, 1, 6), timeout=90, what="node 1's rank past step 6")
+    def second_supervisor_is_refused(node_1: subprocess.Popen) -> None:
         # A second supervisor for node 1 is refused: each node has its own lock in the shared run dir.
+        # Checked while node 1 waits for node 0 (a slow check must not outlast the whole job).
         dup = run_cli(*common, "--node-rank", "1", *job, timeout=60)
         assert dup.returncode == 3, dup.stderr
-        assert f"run dir {rd} (node 1) is in use by supervisor pid {sups[1].pid}" in dup.stderr
+        assert f"run dir {rd} (node 1) is in use by supervisor pid {node_1.pid}" in dup.stderr
+
+    # Node 1 hosts the store, so its restart finds no closed rendezvous of the old attempt's.
+    sups = _start_nodes(1, common, job, port, sup_env(), while_alone=second_supervisor_is_refused)
+    try:
+        victim = wait_until(lambda: _rank_of_node(rd, 1, 6), timeout=90, what="node 1's rank past step 6")
         # The kill happens at whatever moment the poll sees it: before, during or after a save.
         os.kill(victim["pid"], signal.SIGKILL)
     except BaseException:
@@ -133,7 +138,7 @@ def test_node_restarting_before_its_peer_rejoins_the_closed_rendezvous_without_s
     the hang: node 1's restarts meanwhile fail to join. Those are `rendezvous` retries, free: with
     --max-restarts 1 and a crash-loop limit of 2, neither gives up nor condemns the checkpoint."""
     rd, out = tmp_path / "run", tmp_path / "out"
-    port = _free_port()
+    port = free_port()
     cfg = tmp_path / "job.yaml"
     cfg.write_text("backoff_max: 4\ncrash_loop_attempts: 2\n")
     common = ("--nproc-per-node", "1", "--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{port}", "--run-dir", str(rd),

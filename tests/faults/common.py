@@ -18,7 +18,7 @@ from typing import Optional
 import psutil
 import torch
 
-from tests.conftest import PYTHON
+from tests.conftest import PYTHON, built_once
 from tests.save_modes import PLAIN
 from tests.support import (  # noqa: F401 - FAST, TOY and faulted_run re-exported for the campaign
     FAST, TOY, assert_equal_state, events, faulted_run, heartbeat, kill_group, run_cli, start_cli, sup_env,
@@ -36,13 +36,11 @@ def reference(tmp_path: Path, *args: str) -> dict[str, torch.Tensor]:
     weight, and in an uninterrupted run it is pure waiting."""
     key = _without_step_sleep(args)
     if key not in _REF_CACHE:
-        d = Path(tmp_path) / f"reference-{len(_REF_CACHE)}"
-        d.mkdir(parents=True)
-        out = d / "weights.pt"
-        p = subprocess.run([PYTHON, TOY, *key, "--run-dir", str(d / "run"), "--out", str(out)],
-                           env=sup_env(**PLAIN), capture_output=True, text=True, timeout=300)
-        assert p.returncode == 0, p.stderr[-2000:]
-        _REF_CACHE[key] = weights(out)
+        def build(d: Path) -> None:
+            p = subprocess.run([PYTHON, TOY, *key, "--run-dir", str(d / "run"), "--out", str(d / "weights.pt")],
+                               env=sup_env(**PLAIN), capture_output=True, text=True, timeout=300)
+            assert p.returncode == 0, p.stderr[-2000:]
+        _REF_CACHE[key] = weights(built_once("toy-reference", key, build) / "weights.pt")
     return _REF_CACHE[key]
 
 

@@ -28,7 +28,7 @@ JOB = ("--hidden", "900", "--samples", "400", "--batch-size", "4", "--epochs", "
 # (~27 s a seed): its chaos is test_memory_snapshots' async+memory seed 3, beside the placed kills.
 # RRTEST_CHAOS_SEEDS=2,5 replays chosen seeds (each mode's `long` marker still applies).
 SEEDS = [int(s) for s in os.environ.get("RRTEST_CHAOS_SEEDS", "").split(",") if s] or (
-    [1] + [pytest.param(s, marks=pytest.mark.long) for s in range(2, 9)])
+    [1] + [pytest.param(s, marks=pytest.mark.long) for s in range(2, 9)])   # every mode is long too (above)
 
 
 @pytest.mark.parametrize("seed", SEEDS)

@@ -7,8 +7,9 @@ import pytest
 
 from tests.supervisor.test_learned_timeout import check_learned, run_timing_job
 
+pytestmark = pytest.mark.long
 
-@pytest.mark.long
+
 def test_8s_saves_with_50ms_steps(tmp_path):
     run_dir, r = run_timing_job(tmp_path, save_s=8.0, saves=4, timeout=400)
     check_learned(run_dir, r, 4)

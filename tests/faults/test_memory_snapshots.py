@@ -109,6 +109,7 @@ def _killed_standalone(run_dir: Path) -> tuple[list[Path], int]:
     return slots, steps[0]
 
 
+# loose_mode is long: foreign_owner takes the same untrusted-slot path in make test
 @pytest.mark.parametrize("damage", ["half_written", pytest.param("loose_mode", marks=pytest.mark.long), "foreign_owner"])
 def test_a_half_written_or_untrusted_slot_is_never_used(tmp_path: Path, damage: str) -> None:
     args = (*SMALL[:2], "--save-every", "5")
@@ -144,7 +145,7 @@ JOB = ("--hidden", "900", "--samples", "400", "--batch-size", "4", "--epochs", "
 
 # make test: one seed with 3 kills in async+memory; the long variants: seeds 1-10 with 10 kills in every fast mode.
 CHAOS = [pytest.param("async+memory", 3, 3, id="async+memory-3")] + [
-    pytest.param(m, seed, 10, id=f"{m}-{seed}-kills10", marks=pytest.mark.long)
+    pytest.param(m, seed, 10, id=f"{m}-{seed}-kills10", marks=pytest.mark.long)   # the seed sweep: long
     for m in MODES if m != "sync" for seed in range(1, 11)]
 
 

@@ -65,7 +65,7 @@ def test_stale_slots_of_a_deleted_run_are_listed_and_freed_by_free_stale(tmp_pat
     assert not any(s.exists() for s in slots)
 
 
-@pytest.mark.long
+@pytest.mark.long   # make test: the same stale rule through `slots --free-stale` (above)
 def test_stale_slots_of_a_deleted_run_are_freed_by_the_next_run(tmp_path: Path) -> None:
     gone, later = tmp_path / "gone", tmp_path / "later"
     _killed(gone)

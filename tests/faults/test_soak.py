@@ -19,13 +19,14 @@ from tests.supervisor.helpers import ended_kinds, heartbeat, kill_group, start_c
 
 from .common import TOY, Killer, assert_bit_exact, killer_config, assert_no_survivors, checkpoint_steps, current_trainer, reference
 
+pytestmark = pytest.mark.long
+
 JOB = ("--hidden", "256", "--samples", "400", "--batch-size", "4", "--epochs", "3", "--save-every", "10",
        "--step-sleep", "0.01", "--keep-last", "3")
 BOUND = 3 + 10 + 1 + 1  # keep_last + keep_epochs (shim default) + keep_best (default) + 1 in flight
 SUP = ("--backoff", "0", "--heartbeat-timeout", "2", "--grace-period", "2")
 
 
-@pytest.mark.long
 def test_chaos_soak(tmp_path):
     seconds = float(os.environ.get("RRTEST_SOAK_SECONDS", "900"))
     want_kills = int(os.environ.get("RRTEST_SOAK_KILLS", "50"))

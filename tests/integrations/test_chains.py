@@ -73,7 +73,7 @@ def test_lightning_transformer_chain_across_an_epoch_end_is_bit_exact(tmp_path: 
     _chain(tmp_path, [str(HERE / "lightning_chain_job.py")], "1:kill@10,2:kill@13", [9, 12], total=27)
 
 
-@pytest.mark.long
+@pytest.mark.long   # make test runs Lightning's two-kill chain across an epoch end (above)
 @_needs("lightning")
 def test_lightning_chain_of_three_kills_is_bit_exact(tmp_path: Path) -> None:
     """Mid-epoch resume written by a resumed attempt, then across the next epoch end, then mid-epoch again."""
@@ -97,13 +97,13 @@ def test_raw_loop_chain_across_an_epoch_end_with_validation_is_bit_exact(tmp_pat
     _chain(tmp_path, RAW, "1:kill@13,2:kill@17", [12, 16], knob="TOY_FAULTS", total=36)
 
 
-@pytest.mark.long
+@pytest.mark.long   # make test runs the raw loop's two-kill chain across an epoch end (above)
 def test_raw_loop_chain_of_three_kills_is_bit_exact(tmp_path: Path) -> None:
     """Mid-epoch, then at the next epoch end, then mid-epoch again: each resume from a resumed attempt's save."""
     _chain(tmp_path, RAW, "1:kill@17,2:kill@25,3:kill@29", [16, 24, 28], knob="TOY_FAULTS", total=36)
 
 
-@pytest.mark.long
+@pytest.mark.long   # make test runs the HF Trainer's two-kill chain across an epoch end (above)
 @_needs("transformers")
 def test_hf_trainer_chain_of_three_kills_is_bit_exact(tmp_path: Path) -> None:
     """Mid-epoch, then across the epoch end (24 is the last step of epoch 2), then mid-epoch in epoch 3."""

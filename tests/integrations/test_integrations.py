@@ -114,8 +114,14 @@ def test_hf_trainer_every_fault_bit_exact(tmp_path: Path) -> None:
     rejected = _campaign(HF, tmp_path)
     # The kill inside the Trainer's save left checkpoint-25 without our manifest: rejected, 20 used.
     assert any("no MANIFEST.json" in r for r in rejected), rejected
-    names = {p.name for p in (tmp_path / "run").iterdir()}
-    assert "checkpoint-36" in names or "checkpoint-35" in names, names
+    # Attempt 4 held step 32's end until the stop came, so it stopped at step 33's end (the preempt
+    # checkpoint) and the rerun resumed there and ran to step 36 (3 epochs of 12), saving at 35 and at
+    # the end. Left: the Trainer's save_total_limit=2 newest saves, and the preempt checkpoint, which
+    # rotation keeps apart from the step saves.
+    run = tmp_path / "run"
+    assert Path(events(run, Event.ATTEMPT_STARTED)[-1]["resume_from"]).name == "checkpoint-33"
+    names = sorted(p.name for p in run.iterdir() if p.name.startswith("checkpoint-"))
+    assert names == ["checkpoint-33", "checkpoint-35", "checkpoint-36"], names
 
 
 @_needs("lightning")

@@ -21,6 +21,9 @@ Other knobs (environment):
   TOY_CRASH_IF_RESUMED_FROM_STEP=N
                          raise right after resuming from the checkpoint of step N: a poisoned
                          checkpoint that crashes every attempt resuming from it.
+  TOY_NO_EPOCH_SAVE=1    init(save_on_epoch_end=False): checkpoints at multiples of --save-every only
+  TOY_WAIT_MIRRORED=1    after each step whose checkpoint was committed, wait until the supervisor's
+                         --mirror reports it uploaded (every checkpoint reaches the remote)
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from torch.utils.data import DataLoader, Dataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a checkout without install
 import trainer_shim  # noqa: E402
+from trainer_shim import rundir  # noqa: E402
 from tests.jobs.jobkit import attempt, job_parser, train_step  # noqa: E402
 
 
@@ -163,6 +167,21 @@ def inject(action: str, run=None) -> None:
         raise SystemExit(f"toy_train: unknown fault action {action!r}")
 
 
+def wait_mirrored(run, timeout: float = 120.0) -> None:
+    """TOY_WAIT_MIRRORED=1: once this step's checkpoint is committed, wait for the supervisor's
+    --mirror to report it uploaded, so that every checkpoint reaches the remote whatever the timing
+    (its poll would otherwise skip one committed while an upload was in flight: newest wins)."""
+    name = rundir.checkpoint_name(run.global_step)
+    if not (run.rd.checkpoints / name / rundir.MANIFEST_NAME).exists():
+        return
+    deadline = time.monotonic() + timeout
+    while not any(e.get("event") == rundir.Event.CHECKPOINT_MIRRORED and Path(e.get("path", "")).name == name
+                  for e in rundir.read_events(run.rd)):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"toy_train: {name} was not mirrored within {timeout:g}s")
+        time.sleep(0.05)
+
+
 def validate(model: nn.Module, loader: DataLoader, loss_fn) -> float:
     model.eval()
     with torch.no_grad():
@@ -214,7 +233,8 @@ def main() -> None:
     run = trainer_shim.init(model=model, optimizer=opt, scheduler=per_step, extra={"epoch_sched": per_epoch},
                             run_dir=args.run_dir, save_every_steps=args.save_every, keep_last=args.keep_last,
                             fallback_dir=args.fallback_dir, async_save=os.environ.get("TOY_ASYNC_SAVE") == "1",
-                            memory_every_steps=int(os.environ.get("TOY_MEMORY_EVERY") or 0) or None)
+                            memory_every_steps=int(os.environ.get("TOY_MEMORY_EVERY") or 0) or None,
+                            save_on_epoch_end=os.environ.get("TOY_NO_EPOCH_SAVE") != "1")
     held = [s for s, a in faults.items() if a == "kill_hashing"]
     if held:
         hold_hash_at(run, held[0])
@@ -236,6 +256,8 @@ def main() -> None:
             run.step(loss=loss)
             if run.global_step in settle:
                 run.engine.fast.drain()
+            if os.environ.get("TOY_WAIT_MIRRORED") == "1":
+                wait_mirrored(run)
             if run.global_step in faults:
                 inject(faults[run.global_step], run)
             if step_sleep:

@@ -17,16 +17,12 @@ from typing import Optional
 
 import pytest
 
+from tests.conftest import free_port
+
 boto3 = pytest.importorskip("boto3")
 pytest.importorskip("moto.server")
 
 _BUCKETS = itertools.count(1)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class S3Server:

@@ -25,8 +25,10 @@ from trainer_shim.rundir import (
 
 from .conftest import S3Server
 
-# Steps 5, 10 and 15 are committed (and mirrored); the attempt dies at 17 and the supervisor gives up.
-CRASH_AT_17 = {"TOY_FAULTS": "1:raise@17"}
+# Steps 5, 10 and 15 are committed (no epoch-end save at 12) and each is mirrored before training
+# goes on; the attempt dies at 17 and the supervisor gives up. The local rotation (--keep-last 2)
+# dropped 5 when 15 was committed, and so did the remote's after 15's upload: it keeps 10 and 15.
+CRASH_AT_17 = {"TOY_FAULTS": "1:raise@17", "TOY_NO_EPOCH_SAVE": "1", "TOY_WAIT_MIRRORED": "1"}
 QUICK_JOB = ("--no-prestart", "--", "python3", "-c", "pass")   # a job that succeeds at once: where does it resume?
 
 
@@ -34,16 +36,20 @@ QUICK_JOB = ("--no-prestart", "--", "python3", "-c", "pass")   # a job that succ
 def first_node(tmp_path_factory, s3_server) -> tuple[str, list[str]]:
     """A node that trains to step 17, mirrors its checkpoints and dies with its disk: (bucket, keys).
 
-    Run once per module; each test copies its objects to a bucket of its own. --step-sleep gives the
-    one-second poll time to see each checkpoint (it changes no weight)."""
+    Run once per module; each test copies its objects to a bucket of its own. The job waits for each
+    checkpoint to be mirrored (the mirror's one-second poll uploads only the newest it sees: paced by
+    sleeps, a busy box skipped 10 or mirrored an epoch-end 12). Waiting, it does not beat: a longer
+    heartbeat timeout than FAST's."""
     tmp, bucket = tmp_path_factory.mktemp("first-node"), s3_server.new_bucket()
     rd = tmp / "run"
-    r = run_cli("--run-dir", str(rd), "--mirror", f"s3://{bucket}/toy", "--max-restarts", "0", "--no-prestart", *FAST, TOY,
-                "--step-sleep", "0.25", "--out", str(tmp / "unused.pt"), env=sup_env(**s3_server.env(), **CRASH_AT_17),
-                timeout=180)
+    r = run_cli("--run-dir", str(rd), "--mirror", f"s3://{bucket}/toy", "--max-restarts", "0", "--no-prestart", *FAST,
+                "--heartbeat-timeout", "120", TOY, "--keep-last", "2", "--out", str(tmp / "unused.pt"),
+                env=sup_env(**s3_server.env(), **CRASH_AT_17), timeout=300)
     assert r.returncode == 1, r.stderr[-3000:]
     mirrored = [Path(e["path"]).name for e in events(rd, Event.CHECKPOINT_MIRRORED)]
-    assert [checkpoint_name(10), checkpoint_name(15)] == mirrored[-2:], r.stderr[-3000:]
+    assert mirrored == [checkpoint_name(5), checkpoint_name(10), checkpoint_name(15)], r.stderr[-3000:]
+    remote = sorted({o["Key"].split("/")[1] for o in s3_server.client().list_objects_v2(Bucket=bucket)["Contents"]})
+    assert remote == [checkpoint_name(10), checkpoint_name(15)], remote
     shutil.rmtree(rd)   # the node and its disk are gone
     return bucket, [o["Key"] for o in s3_server.client().list_objects_v2(Bucket=bucket)["Contents"]]
 

@@ -10,8 +10,9 @@ from trainer_shim.rundir import Event
 
 from .conftest import S3Server
 
+pytestmark = pytest.mark.long
 
-@pytest.mark.long
+
 def test_server_down_during_training_training_goes_on_one_event_then_retried(tmp_path, s3_server):
     server = S3Server().start()   # its own, to take down
     try:

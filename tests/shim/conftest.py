@@ -6,27 +6,23 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import built_once
 from tests.save_modes import PLAIN, save_mode  # noqa: F401  (fixture)
 
 from .helpers import run_toy
 
 
 class References:
-    """Lazily run the toy job uninterrupted once per argument set."""
-
-    def __init__(self, base: Path) -> None:
-        self.base = base
-        self._done: dict[tuple[str, ...], Path] = {}
+    """Lazily run the toy job uninterrupted once per argument set (and test session: every xdist
+    worker reads the same run dir)."""
 
     def get(self, *args: str) -> Path:
-        if args not in self._done:
-            rd = self.base / f"ref-{len(self._done)}"
-            p = run_toy(rd, *args, env=PLAIN)
+        def build(d: Path) -> None:
+            p = run_toy(d / "ref", *args, env=PLAIN)
             assert p.returncode == 0, p.stderr[-3000:]
-            self._done[args] = rd
-        return self._done[args]
+        return built_once("shim-reference", args, build) / "ref"
 
 
 @pytest.fixture(scope="session")
-def refs(tmp_path_factory: pytest.TempPathFactory) -> References:
-    return References(tmp_path_factory.mktemp("refs"))
+def refs() -> References:
+    return References()

@@ -60,7 +60,7 @@ def _wait_in_save(run_dir: Path, proc, timeout: float = 60.0) -> bool:
 # make test: sync and async without workers (test_sigkill_anywhere_resumes_bit_exact covers workers);
 # every other pair is a long variant.
 DURING_SAVE = [pytest.param(m, w, id=f"{m}-{w}", marks=() if m in ("sync", "async") and w == "0"
-                            else pytest.mark.long) for m in MODES for w in ("0", "2")]
+                            else pytest.mark.long) for m in MODES for w in ("0", "2")]   # (see above)
 
 
 @pytest.mark.parametrize("save_mode,num_workers", DURING_SAVE, indirect=["save_mode"])

@@ -4,16 +4,37 @@ emergency checkpoint that is never auto-resumed, and heartbeats go stale exactly
 from __future__ import annotations
 
 import json
+import re
 import signal
 import time
 from pathlib import Path
+from typing import Optional
 
 from trainer_shim import rundir
+from trainer_shim._session import heartbeat as heartbeat_module
 from trainer_shim._session.heartbeat import Heartbeat
 
 from tests.support import first_steps, wait_until
 
-from .helpers import assert_same_weights, kill_group, manifest, run_toy, start_toy
+from .helpers import TOY, assert_same_weights, kill_group, manifest, run_toy, start_toy
+
+
+HEARTBEAT = Path(heartbeat_module.__file__)
+# The toy's top level: `main()` under `if __name__ == "__main__":`, where every stack of its main thread starts.
+TOY_MAIN_CALL = next(n for n, ln in enumerate(TOY.read_text().splitlines(), 1) if ln.strip() == "main()")
+
+
+def _whole_dump(path: Path) -> Optional[list[list[str]]]:
+    """faulthandler's dump of every thread, once the training thread's is in (its stack ends at the
+    script's top level): one [header, innermost frame, ..., outermost frame] per thread, each frame
+    as faulthandler writes it, 'File "PATH", line N in FUNC'."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    threads = [[ln.strip() for ln in block.splitlines() if ln.strip()] for block in text.split("\n\n")]
+    threads = [t for t in threads if t]
+    return threads if any(t[-1].endswith(" in <module>") for t in threads) else None
 
 
 def test_sigterm_loses_no_step_and_exits_75_sigusr1_dumps(run_dir: Path, refs) -> None:
@@ -31,8 +52,15 @@ def test_sigterm_loses_no_step_and_exits_75_sigusr1_dumps(run_dir: Path, refs) -
     assert wait_until(lambda: beat_at(6), 60, 0.005), "no training heartbeat" 
     proc.send_signal(signal.SIGUSR1)
     stacks = rd.stacks_file(proc.pid)
-    assert wait_until(lambda: stacks.exists() and "most recent call first" in stacks.read_text(), 20)
-    assert "heartbeat" in stacks.read_text() or "Thread" in stacks.read_text()
+    dump = wait_until(lambda: _whole_dump(stacks), 20, what="the SIGUSR1 stack dump")
+    # What the user asked for: where training is. Exactly one thread (the main thread, whichever
+    # thread took the signal) is the script's: main() called from its top level, the shim on top.
+    training = [t for t in dump if t[-1] == f'File "{TOY}", line {TOY_MAIN_CALL} in <module>']
+    assert len(training) == 1 and re.fullmatch(rf'File "{re.escape(str(TOY))}", line \d+ in main', training[0][-2]), dump
+    assert training[0][0].startswith(("Current thread 0x", "Thread 0x")) and training[0][0].endswith(
+        " (most recent call first):"), training[0]
+    # ... and every other thread as well: the shim's heartbeat thread, in its loop.
+    assert any(re.fullmatch(rf'File "{re.escape(str(HEARTBEAT))}", line \d+ in _loop', f) for t in dump for f in t[1:]), dump
     assert wait_until(lambda: beat_at(9), 60, 0.005), "training stopped after SIGUSR1"
     proc.send_signal(signal.SIGTERM)
     try:

@@ -14,7 +14,10 @@ from trainer_shim.rundir import RunDir
 from .helpers import ended_kinds, events, run_cli, sup_env
 
 JOB = str(JOBS / "timing_job.py")
-FLOOR = 2.0
+# The learned limit is max(floor, 5 x p99); with 50 ms steps 5 x p99 is well under a second, so the
+# floor is the limit. At 2 s a busy box (parallel tests) stalled a training step past it: a false hang.
+# Its value is not what is tested (the rule and the bound below are), so it leaves room for that.
+FLOOR = 8.0
 
 
 def run_timing_job(tmp_path, save_s: float, saves: int, timeout: float = 240):

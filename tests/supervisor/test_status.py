@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import time
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -70,10 +69,13 @@ def test_status_watch_refreshes_until_interrupted(run_dir):
         wait_until(lambda: heartbeat(run_dir), what="heartbeat")
         w = subprocess.Popen([*CLI, "status", str(run_dir), "--watch", "--interval", "0.2"], env=sup_env(COLUMNS="100"),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        time.sleep(1.5)  # let it refresh several times; the point is it keeps running
-        assert w.poll() is None
+        # Three refreshes (a pipe gets one plain line each): the point is it keeps running. Read, not
+        # slept for: a SIGINT before the CLI is up (slow imports on a busy box) would test nothing.
+        lines = [w.stdout.readline() for _ in range(3)]
+        assert all(lines) and w.poll() is None, lines
         w.send_signal(signal.SIGINT)
         out, _ = w.communicate(timeout=10)
+        out = "".join(lines) + out
         assert w.returncode == 0
         assert "running" in out and "steps/s" in out
     finally:

@@ -9,6 +9,7 @@ from pathlib import Path
 from supervisor.insight import render
 from supervisor.insight.status import open_run_dir, read_status
 from tests.conftest import JOBS
+from trainer_shim import rundir
 from trainer_shim.rundir import EXIT_UNHEALTHY
 
 from .helpers import FAKE_JOB, events, heartbeat, kill_group, run_cli, start_cli, sup_env, wait_until
@@ -76,7 +77,13 @@ def test_stop_below_a_launcher_asks_the_trainer_not_the_launcher(run_dir):
     # Not "killed by SIGTERM" (the launcher's death) but the trainer's own preempt exit, passed on.
     assert ended["kind"] == "preempted" and ended["exit_code"] == 75 and ended["signal"] is None, ended
     [stopped] = events(run_dir, "stopped")
-    assert stopped["saved"] is True and stopped["step"] < 100  # its own preempt checkpoint, not a periodic one
+    # Saved at once, at whatever step the stop reached it (not at the next periodic save, every 100
+    # steps): the trainer's last heartbeat is at that step, and so is its newest checkpoint.
+    assert stopped["saved"] is True
+    hb = heartbeat(run_dir)
+    assert hb["phase"] == "stopping" and hb["step"] == hb["checkpoint_step"] == stopped["step"], (hb, stopped)
+    newest = rundir.newest_valid([rundir.RunDir(run_dir).checkpoints])
+    assert newest is not None and newest.step == stopped["step"], (newest, stopped)
 
 
 def test_stop_during_backoff_keeps_the_real_failure(run_dir):
