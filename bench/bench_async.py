@@ -42,7 +42,7 @@ import xxhash  # noqa: E402
 from torch import nn  # noqa: E402
 
 import trainer_shim  # noqa: E402
-from trainer_shim._restore import loop as restoring
+from trainer_shim._restore import apply as applying
 from trainer_shim import rundir  # noqa: E402
 from trainer_shim.rundir import CheckpointKind, RunDir  # noqa: E402
 
@@ -171,7 +171,7 @@ def bench_restore(tmp: Path, mb: int, rounds: int) -> tuple[dict[str, float], st
 
     def fresh() -> None:
         opt.state.clear()  # as after a restart: the optimizer has no state before its first step
-        restoring.apply(run, slot, verify=True)
+        applying.apply(run, slot, verify=True)
 
     regions = sorted(slot.glob("*" + rundir.TENSORS_SUFFIX))
     sinks = [torch.empty(r.stat().st_size, dtype=torch.uint8).fill_(0) for r in regions]
@@ -193,7 +193,7 @@ def bench_restore(tmp: Path, mb: int, rounds: int) -> tuple[dict[str, float], st
         res["floor"].append(timed(floor))
         res["bare"].append(timed(lambda: torch.load(f, map_location="cpu", weights_only=True)))
         res["fresh"].append(timed(fresh))
-        res["live"].append(timed(lambda: restoring.apply(run, slot, verify=True)))
+        res["live"].append(timed(lambda: applying.apply(run, slot, verify=True)))
     run.engine.fast.slots.free()
     rundir.free_slots(RunDir(rd).root)
     return {k: statistics.median(v) for k, v in res.items()}, line

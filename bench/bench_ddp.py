@@ -37,7 +37,7 @@ from torch import nn  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import trainer_shim  # noqa: E402
-from trainer_shim._session import distributed
+from trainer_shim._session.engine import Solo
 from trainer_shim.rundir import CheckpointKind  # noqa: E402
 from trainer_shim._disk import members
 from trainer_shim._state import capture
@@ -132,7 +132,7 @@ def main() -> None:
     for _ in range(args.iters):
         ddp.step()
     with_ar = (time.perf_counter() - t) / args.iters
-    saved, ddp.engine.group = ddp.engine.group, distributed.Solo()  # the same step() without the all-reduce
+    saved, ddp.engine.group = ddp.engine.group, Solo()  # the same step() without the all-reduce
     t = time.perf_counter()
     for _ in range(args.iters):
         ddp.step()

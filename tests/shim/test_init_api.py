@@ -105,3 +105,11 @@ def test_a_default_init_loads_no_extra(tmp_path: Path) -> None:
               or m in ("trainer_shim._restore.landing", "trainer_shim._restore.slot_maps",
                        "trainer_shim._restore.raw_read", "trainer_shim.rundir.snapshots", "trainer_shim.rundir.slot_memory")]
     assert extras == [], extras
+    # A fresh start reads and writes no checkpoint yet: the save path, the restore's apply and the data
+    # position load with the first save, restore and training stream (the small-shim goal: <= 35).
+    later = [m for m in loaded if m.startswith(("trainer_shim._disk", "trainer_shim._state"))
+             or m in ("trainer_shim._restore.apply", "trainer_shim._restore.read", "trainer_shim.rundir.commit",
+                      "trainer_shim._session.distributed", "trainer_shim._loop.resume_prompt",
+                      "trainer_shim._policies.save_interval")]
+    assert later == [], later
+    assert len(loaded) <= 35, loaded

@@ -9,12 +9,12 @@ import dataclasses
 import difflib
 import inspect
 import os
+import sys
 import warnings
 from typing import Any, Mapping, Optional, Union
 
 from ..errors import ConfigError
-from .._state.capture import uses_dtensor
-from .._policies.save_interval import AUTO, DEFAULT_MTBF_HOURS
+from ..rundir import AUTO_INTERVAL as AUTO, DEFAULT_MTBF_HOURS
 
 __all__ = ["Options", "UnknownOption", "decide_sharded", "signature", "docstring", "table"]
 
@@ -140,3 +140,13 @@ def decide_sharded(sharded: Optional[bool], model: Any) -> bool:
     if sharded and model is None:
         raise ConfigError("sharded=True needs a model (its state goes through torch.distributed.checkpoint)")
     return bool(sharded)
+
+
+def uses_dtensor(model: Any) -> bool:
+    """True when `model` holds DTensor parameters (FSDP2 `fully_shard`, tensor parallel), without
+    importing DCP: no DTensor exists unless its module is loaded. (Creating any torch optimizer
+    loads that module, so it is no sign of a sharded job; DCP itself costs ~0.3-0.6 s to import.)"""
+    dtensor = sys.modules.get("torch.distributed.tensor")
+    if model is None or dtensor is None:
+        return False
+    return any(isinstance(p, dtensor.DTensor) for p in model.parameters())

@@ -10,15 +10,12 @@ from types import TracebackType
 from typing import Any, Optional
 
 
-from . import options, resume_prompt
-from .._state import data, rng
-from .._session import distributed
-from .._policies import provenance, save_interval
+from . import options
+from .._policies import provenance
 from .._restore import loop as restoring
-from .._disk import retention, save as saving
 from .. import rundir
 from .._session.core import Session
-from .._session.engine import Engine
+from .._session.engine import Engine, Group, Solo
 from .._session.messages import say
 from ..errors import CollectiveTimeout, ConfigError
 from .._session.watch import StepWatch
@@ -42,7 +39,11 @@ class Run:
             if rundir.ENV_SHM_DIR in os.environ:  # where memory snapshot slots live: refused early if unusable
                 rundir.check_shm_dir(os.environ)
             root = o.run_dir or env.run_dir or Path("runs") / (script.stem if script else "interactive")
-            root, self.env = resume_prompt.resolve(str(o.resume), Path(root).absolute(), env, say=say)
+            root, self.env = Path(root).absolute(), env
+            if str(o.resume) != "auto":   # the default resumes the newest valid checkpoint: nothing to ask
+                from . import resume_prompt
+
+                root, self.env = resume_prompt.resolve(str(o.resume), root, env, say=say)
             self.rd = rundir.ensure_run_dir(Path(root).absolute(), env.node)
         except rundir.ContractError as e:
             raise ConfigError(str(e)) from e
@@ -57,25 +58,28 @@ class Run:
         self.allow_reshard = bool(self.env.allow_reshard if o.allow_reshard is None else o.allow_reshard)
         self.model, self.optimizer, self.scheduler, self.scaler = o.model, o.optimizer, o.scheduler, o.scaler
         self.extra: dict[str, Any] = dict(o.extra or {})
-        self.save_every_seconds, eng.auto = save_interval.from_option(o.seconds_interval, self.rd, o.mtbf_hours,
-                                                                      eng.hb)
+        self.save_every_seconds: Optional[float] = None
+        if o.seconds_interval is not None:   # a time interval, "auto" (Young/Daly) included
+            from .._policies import save_interval
+
+            self.save_every_seconds, eng.auto = save_interval.from_option(o.seconds_interval, self.rd,
+                                                                          o.mtbf_hours, eng.hb)
         self.skipped_steps = 0            # on_nonfinite="skip": steps not counted
         self.fallback_dir = Path(o.fallback_dir).absolute() if o.fallback_dir else None
         self._reset_position()
-        eng.retention = retention.Retention(self.rd, lambda: self.search_dirs, keep_last=o.keep_last,
-                                              keep_epochs=o.keep_epochs, keep_best=o.keep_best)
         s.install_hooks(self._on_exception, o.optimizer, self._on_optimizer_step)
         eng.provenance = provenance.Provenance.for_run(script, o.strict_resume, self.env)
         if o.async_save or o.memory_every_steps:  # the memory room is loaded only when switched on
             from .._memory import saver
 
+            self._disk_save()   # its writer thread commits (and rotates) from the first snapshot on
             eng.fast = saver.make(self, self._save, o.async_save, o.memory_every_steps)
         self._resume()
 
     def _resume(self) -> None:
         if self.engine.group.world_size == 1 or self.rank == 0:
             for d in self.search_dirs:
-                rundir.commit.discard_abandoned(d)  # the writes a killed attempt left behind
+                rundir.discard_abandoned(d)  # the writes a killed attempt left behind
         self.engine.group.barrier("startup barrier")  # rank 0 has cleaned up before anyone saves
         restored = restoring.restore(self, self.engine.fast.before_restore() if self.engine.fast is not None else None)
         if restored is not None:
@@ -85,6 +89,8 @@ class Run:
             self.state.clear()
             self.state.update(restored.state)
             self._checkpoint_step = restored.checkpoint_step
+            self._disk_save()   # a resumed run keeps the checkpoint it stands on until it has saved one
+            self.engine.retention.resumed_step = restored.global_step
         self.engine.provenance.settle()   # every later manifest records it (a fresh start had no resume check)
         self.session.mark.set(self.global_step)
         # Second "starting" beat: the supervisor learns what was actually restored (after any fallback).
@@ -115,11 +121,12 @@ class Run:
         self._stream_done = False
         self.engine.reset()
 
-    def _join_world(self, collective_timeout: float) -> Any:
+    def _join_world(self, collective_timeout: float) -> Group:
         """This process's rank and group: a world of one is a group of size one (no torch.distributed)."""
         self.rank, self.world_size = self.launcher.rank, self.launcher.world_size
         if self.world_size == 1:
-            return distributed.Solo()
+            return Solo()
+        from .._session import distributed   # a multi-rank job only
         if distributed.active_world_size() != self.world_size:
             raise ConfigError(f"WORLD_SIZE={self.world_size} but torch.distributed is not initialised with that "
                               "world size; call torch.distributed.init_process_group() before trainer_shim.init()")
@@ -180,6 +187,8 @@ class Run:
         self._stream_done = False
         self.engine.stream.loader = loader
         self._probe.on_stream(loader)
+        from .._state import data, rng   # the data position: loaded with the first training stream
+
         resume = self.engine.stream.resume
         self.engine.stream.resume = None
         if resume is not None and resume["epoch"] == self.epoch and (
@@ -256,9 +265,10 @@ class Run:
         return path
 
     def _tune_interval(self, stall_s: float) -> None:
-        every = save_interval.tune(self.engine.auto, self.engine.hb, stall_s)
-        if every is not None:
-            self.save_every_seconds = every
+        if self.engine.auto is not None:   # save_every_seconds="auto": the stall re-tunes the interval
+            from .._policies import save_interval   # loaded with the tuner
+
+            self.save_every_seconds = save_interval.tune(self.engine.auto, self.engine.hb, stall_s)
 
     def finish(self) -> None:
         """Final checkpoint and the `finished` heartbeat; the run dir is left ready for inspection."""
@@ -268,7 +278,8 @@ class Run:
         self.engine.finished = True
         if self.engine.fast is not None:  # the newest state is on disk now: the memory slots can go
             self.engine.fast.close(free=final is not None)
-        self.engine.retention.join()  # a finished run leaves no trash behind
+        if self.engine.retention is not None:
+            self.engine.retention.join()  # a finished run leaves no trash behind
         # The hooks stay: an exception after finish() is still recorded (and gets no emergency save).
         self.session.finish(uninstall=False, step=self.global_step, epoch=self.epoch, loss=self.loss,
                             checkpoint_step=self.checkpoint_step)
@@ -298,6 +309,17 @@ class Run:
     def _on_optimizer_step(self, *args: Any, **kwargs: Any) -> None:
         self.engine.dirty = True
 
+    def _disk_save(self) -> Any:
+        """The save path (`_disk.save`: capture, member files, the commit, retention), loaded at the
+        first save or restore: a fresh start's init() writes and reads no checkpoint."""
+        from .._disk import retention, save
+
+        if self.engine.retention is None:
+            o = self.options
+            self.engine.retention = retention.Retention(self.rd, lambda: self.search_dirs, keep_last=o.keep_last,
+                                                        keep_epochs=o.keep_epochs, keep_best=o.keep_best)
+        return save
+
     def _save(self, kind: CheckpointKind, exact: bool = True) -> Optional[Path]:
         """Save at the current step (one protocol for 1..N ranks, see `saving`) unless the step
         already has a checkpoint; storage failures never raise. Every rank calls it at the same step."""
@@ -309,7 +331,7 @@ class Run:
         try:
             with self.engine.saves.stall(kind):
                 try:
-                    outcome = saving.save(self, kind, exact)
+                    outcome = self._disk_save().save(self, kind, exact)
                 except CollectiveTimeout as e:
                     if self.rank == 0:
                         self.engine.reporter.checkpoint_failed(self.rd.checkpoint(self.global_step), self.global_step,
@@ -340,7 +362,7 @@ class Run:
             return
         if self.engine.fast is not None:
             self.engine.fast.drain()  # the in-flight save commits before anything else is decided
-        why_not = saving.no_emergency_reason(self)
+        why_not = self._disk_save().no_emergency_reason(self)
         if why_not is not None:
             say(f"no emergency checkpoint: {why_not}")
             return

@@ -20,7 +20,7 @@ import dataclasses
 import math
 from typing import Optional
 
-from .save_interval import DEFAULT_MTBF_HOURS
+from ..rundir import DEFAULT_MTBF_HOURS
 
 __all__ = ["BUDGET", "memory_interval_s", "AutoMemory"]
 

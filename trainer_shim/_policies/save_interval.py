@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Iterable, Optional, Union
 
 from .. import rundir
+from ..rundir import DEFAULT_MTBF_HOURS
 
 __all__ = ["MIN_INTERVAL_S", "MAX_INTERVAL_S", "DEFAULT_MTBF_HOURS", "young_daly", "mtbf_from_events",
            "AutoInterval", "interval_for_run_dir", "mtbf_for", "from_option", "tune", "AUTO"]
@@ -27,7 +28,6 @@ __all__ = ["MIN_INTERVAL_S", "MAX_INTERVAL_S", "DEFAULT_MTBF_HOURS", "young_daly
 AUTO = rundir.AUTO_INTERVAL
 MIN_INTERVAL_S = 30.0
 MAX_INTERVAL_S = 6 * 3600.0
-DEFAULT_MTBF_HOURS = 24.0
 _NO_LOSS = ("success", "preempted", "rendezvous")   # ends that lose no training work
 _EWMA = 0.3                                          # weight of the newest save's stall
 

@@ -3,8 +3,9 @@ bookkeeping every save and restore of the raw loop shares.
 
 Private: users rely only on what `trainer_shim` exports.
 
-    distributed  Solo (a world of one) and Dist: the same collectives
-    engine       Engine: the collaborators saving, restoring and memory snapshots share; Reporter (events)
+    distributed  Dist: the collectives of a torch.distributed job (loaded only when WORLD_SIZE > 1)
+    engine       Engine: the collaborators saving, restoring and memory snapshots share; Reporter (events);
+                 Group and Solo (a world of one)
     heartbeat    the heartbeat file, written by a background thread
     hooks        the process hooks of one Run, installed and removed together
     messages     say: the shim's one stderr line

@@ -3,7 +3,8 @@
 Used only when WORLD_SIZE > 1 and the job initialised the default process group before
 `trainer_shim.init()`; a single process never imports torch.distributed through this module.
 
-All shim collectives run on a gloo group of their own (CPU tensors, object collectives and
+A world of one uses `engine.Solo` (the same interface, no torch.distributed call). All shim
+collectives run on a gloo group of their own (CPU tensors, object collectives and
 `monitored_barrier` work on it whatever the job's backend is), created with `timeout`, so no
 shim collective waits forever: a barrier or collective that times out raises CollectiveTimeout,
 which ends the process non-zero (after a timeout the group is unusable). The supervisor restarts
@@ -20,7 +21,7 @@ import torch.distributed as dist
 
 from ..errors import CollectiveTimeout, WorldSizeMismatch
 
-__all__ = ["Dist", "Solo", "CollectiveTimeout", "WorldSizeMismatch", "active_world_size"]
+__all__ = ["Dist", "CollectiveTimeout", "WorldSizeMismatch", "active_world_size"]
 
 
 def active_world_size() -> int:
@@ -73,29 +74,3 @@ class Dist:
                 dist.destroy_process_group()
         except Exception:  # noqa: BLE001 - leaving anyway
             pass
-
-
-class Solo:
-    """A world of one: the same interface as Dist with no torch.distributed call (nothing to agree on)."""
-
-    rank = 0
-    world_size = 1
-    group = None
-
-    def guard(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        return fn(*args, **kwargs)
-
-    def barrier(self, what: str) -> None:
-        pass
-
-    def broadcast(self, obj: Any, what: str) -> Any:
-        return obj
-
-    def all_gather(self, obj: Any, what: str) -> list:
-        return [obj]
-
-    def agree(self, stop: bool, save: bool) -> tuple[bool, bool]:
-        return stop, save
-
-    def destroy(self) -> None:
-        pass

@@ -19,15 +19,56 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional, Protocol, Union
+from typing import Any, Optional, Protocol
 
 from .. import rundir
-from .distributed import Dist, Solo
 from .heartbeat import Heartbeat
 from .messages import say
 from ..rundir import Event
 
-__all__ = ["say", "Reporter", "Stream", "Engine", "Trained"]
+__all__ = ["say", "Reporter", "Stream", "Engine", "Trained", "Group", "Solo"]
+
+
+class Group(Protocol):
+    """The collectives of this process's world: `Solo` for a world of one, `distributed.Dist` (loaded
+    only when WORLD_SIZE > 1) for a torch.distributed job."""
+
+    rank: int
+    world_size: int
+    group: Any
+
+    def guard(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any: ...
+    def barrier(self, what: str) -> None: ...
+    def broadcast(self, obj: Any, what: str) -> Any: ...
+    def all_gather(self, obj: Any, what: str) -> list: ...
+    def agree(self, stop: bool, save: bool) -> tuple[bool, bool]: ...
+    def destroy(self) -> None: ...
+
+
+class Solo:
+    """A world of one: the Group interface with no torch.distributed call (nothing to agree on)."""
+
+    rank = 0
+    world_size = 1
+    group = None
+
+    def guard(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+
+    def barrier(self, what: str) -> None:
+        pass
+
+    def broadcast(self, obj: Any, what: str) -> Any:
+        return obj
+
+    def all_gather(self, obj: Any, what: str) -> list:
+        return [obj]
+
+    def agree(self, stop: bool, save: bool) -> tuple[bool, bool]:
+        return stop, save
+
+    def destroy(self) -> None:
+        pass
 
 
 
@@ -80,7 +121,7 @@ class Engine:
     """One training process's checkpoint machinery; built by `Run` in the order its parts need."""
 
     reporter: Reporter
-    group: Union[Solo, Dist]
+    group: Group
     hb: Heartbeat = None  # type: ignore[assignment]  # set by the front end before anything beats
     saves: Any = None                    # save_time.SaveTimer
     retention: Any = None                # retention.Retention

@@ -9,18 +9,19 @@ them into their own buffers first: trainer_shim._memory.slots).
 from __future__ import annotations
 
 import dataclasses
-import sys
 from collections.abc import Callable
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
 from . import data, rng
 from .. import rundir
-from .._session.engine import Trained
 from ..rundir import CheckpointKind
 
-__all__ = ["Capture", "capture", "map_leaves", "to_cpu", "check_plain", "rank_file", "uses_dtensor",
+if TYPE_CHECKING:  # pragma: no cover
+    from .._session.engine import Trained
+
+__all__ = ["Capture", "capture", "map_leaves", "to_cpu", "check_plain", "rank_file",
            "sharded_module"]
 
 
@@ -133,13 +134,3 @@ def sharded_module() -> Any:
     from . import sharded
 
     return sharded
-
-
-def uses_dtensor(model: Any) -> bool:
-    """True when `model` holds DTensor parameters (FSDP2 `fully_shard`, tensor parallel), without
-    importing DCP: no DTensor exists unless its module is loaded. (Creating any torch optimizer
-    loads that module, so it is no sign of a sharded job; DCP itself costs ~0.3-0.6 s to import.)"""
-    dtensor = sys.modules.get("torch.distributed.tensor")
-    if model is None or dtensor is None:
-        return False
-    return any(isinstance(p, dtensor.DTensor) for p in model.parameters())

@@ -17,6 +17,7 @@ from typing import Any, Iterable, Optional
 from .. import rundir
 from ..errors import ConfigError
 from .._session.core import Session
+from .._session.engine import Group, Solo
 from .._disk.retention import Retention
 from ..rundir import Event, Manifest, Phase, RunEnv
 from .._session.messages import describe, say
@@ -52,7 +53,7 @@ class FrameworkSession(Session):
         super().__init__(rundir.ensure_run_dir(run_dir, env.node), env, rank=launcher.rank,
                          world_size=launcher.world_size, heartbeat_interval=heartbeat_interval)
         self.hb.start()
-        self._group: Any = None   # distributed.Dist once torch.distributed is up (see `group`)
+        self._group: Optional[Group] = None   # distributed.Dist once torch.distributed is up (see `group`)
         self._rotation_roots: list[Path] = []
         # Deleted before returning: a framework's process may end (or be killed) right after a save.
         self.retention = Retention(self.rd, lambda: self._rotation_roots, keep_last=keep_last,
@@ -129,15 +130,17 @@ class FrameworkSession(Session):
         return self.rank == 0
 
     @property
-    def group(self) -> Any:
+    def group(self) -> Group:
         """The shim's collectives among the job's ranks (the raw loop's: a gloo group of its own with a
         timeout); a world of one, or a job that never initialised torch.distributed, needs none.
         Created on first use, which every rank must reach at the same point (new_group is collective)."""
         if self._group is None:
-            from .._session import distributed
+            self._group = Solo()
+            if self.world_size > 1:
+                from .._session import distributed   # a multi-rank job only
 
-            multi = self.world_size > 1 and distributed.active_world_size() == self.world_size
-            self._group = distributed.Dist(COLLECTIVE_TIMEOUT_S) if multi else distributed.Solo()
+                if distributed.active_world_size() == self.world_size:
+                    self._group = distributed.Dist(COLLECTIVE_TIMEOUT_S)
         return self._group
 
     def sync(self, what: str) -> None:

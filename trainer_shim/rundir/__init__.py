@@ -90,7 +90,7 @@ _EXPORTS: dict[str, str] = {
     "layout": (
         "CHECKPOINTS CKPT_PREFIX LATEST NODES RUN_DIR_MODE TMP_PREFIX RunDir checkpoint_name "
         "ensure_run_dir heartbeat_name inside parse_checkpoint_name parse_heartbeat_name "
-        "step_mark_name tmp_dirs"
+        "step_mark_name tmp_dirs discard_abandoned"
     ),
     "atomic": "atomic_write_bytes atomic_write_json exchange fsync_dir read_json",
     "clock": "iso_at now_iso process_start_ticks process_start_time start_marks",
@@ -113,7 +113,7 @@ _EXPORTS: dict[str, str] = {
     "pending": "DOWNLOAD_RECORD announce_download download_pending settle_download wait_for_download",
     "index": "add_to_index checkpoint_roots index_entry read_index write_index",
     "frameworks": (
-        "ATTACH_DIR AUTO_INTERVAL CALLBACK_OPTIONS HF_PREFIX LIGHTNING_CKPT ROOTS_FILE hf_checkpoint_name "
+        "ATTACH_DIR AUTO_INTERVAL CALLBACK_OPTIONS DEFAULT_MTBF_HOURS HF_PREFIX LIGHTNING_CKPT ROOTS_FILE hf_checkpoint_name "
         "parse_callback_options parse_hf_checkpoint_name read_extra_roots record_extra_root "
         "roots_file"
     ),

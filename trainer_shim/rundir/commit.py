@@ -27,11 +27,11 @@ from typing import Any, BinaryIO, Optional
 
 from .atomic import atomic_write_bytes, exchange, fsync_dir
 from .errors import InvalidCheckpoint
-from .layout import LATEST, RUN_DIR_MODE, TMP_PREFIX, tmp_dirs
+from .layout import LATEST, RUN_DIR_MODE, TMP_PREFIX
 from .manifest import MANIFEST_NAME, FileEntry, digest_file, new_hasher, read_pieces
 
 __all__ = ["Draft", "HashingWriter", "Writeback", "WRITEBACK_EVERY", "tmp_dir", "fresh_tmp_dir", "hash_tree", "commit_dir", "commit_in_place",
-           "copy_member", "copy_verified", "write_new", "discard", "discard_abandoned", "repoint_latest"]
+           "copy_member", "copy_verified", "write_new", "discard", "repoint_latest"]
 
 # Writes are split so progress (the heartbeat's save_bytes) advances visibly during huge tensors.
 _CHUNK = 16 << 20
@@ -273,12 +273,6 @@ def repoint_latest(ckpt_root: Path, name: str) -> None:
     os.symlink(name, tmp)
     os.replace(tmp, ckpt_root / LATEST)
     fsync_dir(ckpt_root)
-
-
-def discard_abandoned(root: Path) -> None:
-    """Remove what killed writers left in `root` (temporary dirs, half-deleted trash); never a checkpoint."""
-    for t in tmp_dirs(root):
-        shutil.rmtree(t, ignore_errors=True)
 
 
 def commit_in_place(directory: Path, manifest_bytes: bytes, *, latest_in: Optional[Path] = None) -> None:

@@ -26,7 +26,7 @@ class _RunRoot(Protocol):
     @property
     def root(self) -> Path: ...
 
-__all__ = ["AUTO_INTERVAL", "HF_PREFIX", "parse_hf_checkpoint_name", "hf_checkpoint_name", "ROOTS_FILE", "roots_file",
+__all__ = ["AUTO_INTERVAL", "DEFAULT_MTBF_HOURS", "HF_PREFIX", "parse_hf_checkpoint_name", "hf_checkpoint_name", "ROOTS_FILE", "roots_file",
            "read_extra_roots", "record_extra_root", "LIGHTNING_CKPT", "ATTACH_DIR", "CALLBACK_OPTIONS",
            "parse_callback_options"]
 
@@ -52,6 +52,8 @@ ATTACH_DIR = Path(__file__).resolve().parents[1] / "_attach"
 CALLBACK_OPTIONS: dict[str, type] = {"save_every_steps": int, "save_every_seconds": float, "keep_last": int,
                                      "save_on_train_end": bool, "heartbeat_interval": float, "async_save": bool}
 AUTO_INTERVAL = "auto"
+# The "auto" intervals' prior mean time between failures, before a run dir has a history.
+DEFAULT_MTBF_HOURS = 24.0
 
 
 def parse_callback_options(value: object) -> tuple[tuple[str, object], ...]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Optional
@@ -20,7 +21,7 @@ from .records import HeartbeatRecord
 __all__ = [
     "CHECKPOINTS", "NODES", "LATEST", "TMP_PREFIX", "CKPT_PREFIX", "RUN_DIR_MODE",
     "RunDir", "ensure_run_dir", "checkpoint_name", "parse_checkpoint_name", "heartbeat_name",
-    "parse_heartbeat_name", "step_mark_name", "tmp_dirs", "inside",
+    "parse_heartbeat_name", "step_mark_name", "tmp_dirs", "discard_abandoned", "inside",
 ]
 
 CHECKPOINTS = "checkpoints"
@@ -74,6 +75,12 @@ def tmp_dirs(ckpt_root: Path) -> Iterator[Path]:
                 yield Path(ent.path)
     except FileNotFoundError:
         return
+
+
+def discard_abandoned(ckpt_root: Path) -> None:
+    """Remove what killed writers left in `ckpt_root` (temporary dirs, half-deleted trash); never a checkpoint."""
+    for t in tmp_dirs(ckpt_root):
+        shutil.rmtree(t, ignore_errors=True)
 
 
 class _Under:
