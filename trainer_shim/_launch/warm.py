@@ -53,6 +53,9 @@ def main() -> None:
 
     import torch._dynamo  # noqa: F401  - every torch.optim.Optimizer() imports it lazily: ~0.7 s at the first step
     import trainer_shim._loop.run  # noqa: F401  - the shim's training path, imported lazily by trainer_shim.init
+    # What a resumed attempt loads after init() (a cold start pays for it at its first restore and save).
+    import trainer_shim._disk.save  # noqa: F401
+    import trainer_shim._restore.apply  # noqa: F401
 
     preloaded = [m for m in opts.get("--preload", "").split(",") if m]
     for name in preloaded:
