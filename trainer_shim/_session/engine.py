@@ -19,10 +19,11 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional, Protocol
+from typing import Any, Iterable, Optional, Protocol
 
 from .. import rundir
 from .heartbeat import Heartbeat
+from .save_time import SaveTimer
 from .messages import say
 from ..rundir import Event
 
@@ -116,6 +117,50 @@ class Stream:
     in_epochs: bool = False              # inside run.epochs()
 
 
+# The engine's collaborators from rooms above this one, as the engine's users see them (protocols: a
+# room below may not import the rooms that build them).
+
+class RetentionApi(Protocol):
+    """_disk.retention.Retention: the index and rotation of the checkpoint roots."""
+
+    committed_step: Optional[int]
+    resumed_step: Optional[int]
+
+    def add(self, path: Path, manifest: rundir.Manifest) -> None: ...
+    def rotate(self, placeholder: Any = None, protect: Iterable[str] = ()) -> None: ...
+    def upgrade_kind(self, path: Path, kind: rundir.CheckpointKind) -> None: ...
+    def join(self) -> None: ...
+
+
+class FastSaverApi(Protocol):
+    """_memory.saver.FastSaver: memory snapshots and background disk writes."""
+
+    committed_step: Optional[int]   # newest step its writer thread committed to disk
+
+    def on_step(self, disk_due: bool) -> None: ...
+    def drain(self, timeout: Optional[float] = None) -> bool: ...
+    def close(self, free: bool) -> None: ...
+    def before_restore(self) -> Any: ...
+
+
+class ProvenanceApi(Protocol):
+    """_policies.provenance.Provenance: what every manifest records of the code and arguments."""
+
+    strict: bool
+
+    @property
+    def meta(self) -> dict[str, Any]: ...
+    def settle(self) -> None: ...
+
+
+class IntervalTuner(Protocol):
+    """_policies.save_interval.AutoInterval: save_every_seconds="auto", re-tuned by every save's stall."""
+
+    @property
+    def interval_s(self) -> float: ...
+    def observe_save(self, stall_s: float) -> float: ...
+
+
 @dataclasses.dataclass
 class Engine:
     """One training process's checkpoint machinery; built by `Run` in the order its parts need."""
@@ -123,11 +168,11 @@ class Engine:
     reporter: Reporter
     group: Group
     hb: Heartbeat = None  # type: ignore[assignment]  # set by the front end before anything beats
-    saves: Any = None                    # save_time.SaveTimer
-    retention: Any = None                # retention.Retention
-    fast: Any = None                     # async_save.FastSaver when async_save/memory_every_steps is on
-    auto: Any = None                     # save_interval's adaptive interval for save_every_seconds="auto"
-    provenance: Any = None               # _policies.provenance.Provenance: recorded in every manifest
+    saves: Optional[SaveTimer] = None              # set by the front end with the heartbeat
+    retention: Optional[RetentionApi] = None       # from the first save or restore on
+    fast: Optional[FastSaverApi] = None            # when async_save/memory_every_steps is on
+    auto: Optional[IntervalTuner] = None           # save_every_seconds="auto"
+    provenance: Optional[ProvenanceApi] = None     # recorded in every manifest
     stream: Stream = dataclasses.field(default_factory=Stream)
     last_size: int = 0                   # bytes of the last checkpoint (free-space check)
     last_save_t: float = dataclasses.field(default_factory=time.monotonic)
