@@ -17,7 +17,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from .. import rundir
 from .._session.messages import say
@@ -57,10 +57,14 @@ def git_info(directory: Optional[Path], timeout: float = 2.0) -> tuple[Optional[
 CONFIG_SUFFIXES = (".yaml", ".yml", ".json", ".toml", ".cfg", ".ini")
 
 
-def args_hash(argv: Optional[Sequence[str]] = None) -> str:
+def args_hash(argv: Optional[Sequence[str]] = None, config: Optional[dict] = None) -> str:
+    """The hash of the script's arguments, the config files they name and a framework's own
+    arguments (`config`: e.g. a Trainer's TrainingArguments, minus the paths that differ per attempt)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     h = rundir.new_hasher()
     h.update(json.dumps(argv).encode())
+    if config is not None:
+        h.update(json.dumps(config, sort_keys=True, default=str).encode())
     for a in argv:
         for cand in (a, a.split("=", 1)[-1]):
             if cand.endswith(CONFIG_SUFFIXES) and os.path.isfile(cand):
@@ -146,24 +150,28 @@ class Provenance:
         if probe is not None:
             self.git_commit, self.git_dirty = probe.answer()
 
+    def include(self, config: dict) -> None:
+        """Count a framework's own arguments in the args hash (a Trainer built in code has no argv)."""
+        self.args_hash = args_hash(config=config)
 
-def check_resume(run: Any, path: Path, manifest: Any) -> None:
-    """Warn (or refuse, exit 2) when the resumed checkpoint's provenance differs from this process's."""
-    prov = run.engine.provenance
+
+def check_resume(prov: Provenance, path: Path, manifest: Any, session: Any, exit_now: Callable[[int], Any]) -> None:
+    """Warn (or refuse, exit 2 by `exit_now`) when the resumed checkpoint's provenance differs from
+    this process's. `session`: the process's session core (its rd, attempt, rank, world size, events)."""
     prov.settle()
     strict = prov.strict
     diff = differences(manifest, git_commit=prov.git_commit, git_dirty=prov.git_dirty, args=prov.args_hash)
     if not diff:
         return
-    if run.rank == 0:
-        run.engine.event(Event.RESUME_MISMATCH, path=str(path), differences=diff, strict=strict)
+    if session.rank == 0:
+        session.event(Event.RESUME_MISMATCH, path=str(path), differences=diff, strict=strict)
     what = _describe(diff)
     if not strict:
         say(f"warning: resuming {path.name} written with different provenance: {what}")
         return
     msg = (f"refusing to resume {path}: {what} (--strict-resume); restore the original code/arguments, "
            "or resume without --strict-resume")
-    write_error_record(run.rd, run.attempt, run.rank if run.world_size > 1 else 0, rundir.ErrorRecord(
+    write_error_record(session.rd, session.attempt, session.rank if session.world_size > 1 else 0, rundir.ErrorRecord(
         type=RESUME_REFUSED_ERROR_TYPE, message=msg, step=manifest.global_step, time=rundir.now_iso()))
     say(msg)
-    run.engine.exit_now(EXIT_REFUSED)
+    exit_now(EXIT_REFUSED)

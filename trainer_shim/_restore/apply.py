@@ -141,5 +141,5 @@ def apply(run: Trained, path: Path, verify: bool) -> Restored:
     if reshard and run.rank == 0:
         run.engine.event(Event.CHECKPOINT_RESHARDED, path=str(info.path), from_world_size=m.world_size,
                    to_world_size=run.world_size, batch_in_epoch=k)
-    provenance.check_resume(run, info.path, m)
+    provenance.check_resume(run.engine.provenance, info.path, m, run.session, run.engine.exit_now)
     return Restored(m.global_step, m.epoch, k, tr.get("loss", m.loss), dict(tr.get("state") or {}), str(info.path))

@@ -27,7 +27,7 @@ from .save_time import SaveTimer
 from .messages import say
 from ..rundir import Event
 
-__all__ = ["say", "Reporter", "Stream", "Engine", "Trained", "Group", "Solo"]
+__all__ = ["say", "Reporter", "Stream", "Engine", "Trained", "Group", "Solo", "exit_at_once"]
 
 
 class Group(Protocol):
@@ -199,21 +199,27 @@ class Engine:
         self.finished = False
 
     def exit_now(self, code: int) -> None:
-        """End the process with `code` at once, its error record already written: os._exit, so that no
-        atexit/excepthook path saves the state (diverged, or refused); DDP peers see the rank go."""
+        """End the process with `code` at once (see exit_at_once); nothing is saved on the way out."""
         self.finished = True
-        self.hb.stop()
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os._exit(code)
+        exit_at_once(self.hb, code)
+
+
+def exit_at_once(hb: Heartbeat, code: int) -> None:
+    """End the process with `code` at once, its error record already written: os._exit, so that no
+    atexit/excepthook path saves the state (diverged, or refused); DDP peers see the rank go."""
+    hb.stop()
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code)
 
 
 class Trained(Protocol):
     """What the engine's modules read of the training side (they set nothing: the Run applies what they return)."""
 
     engine: Engine
+    session: Any                  # the session core (_session.core.Session)
     rd: rundir.RunDir
     env: rundir.RunEnv
     launcher: rundir.LauncherEnv

@@ -17,7 +17,8 @@ from typing import Any, Iterable, Optional
 from .. import rundir
 from ..errors import ConfigError
 from .._session.core import Session
-from .._session.engine import Group, Solo
+from .._session.engine import Group, Solo, exit_at_once
+from .._policies import provenance
 from .._disk.retention import Retention
 from ..rundir import Event, Manifest, Phase, RunEnv
 from .._session.messages import describe, say
@@ -60,6 +61,8 @@ class FrameworkSession(Session):
                                    keep_epochs=keep_last, keep_best=0, background=False)
         self.resumed_from: Optional[Path] = None
         self.checkpoint_step: Optional[int] = None
+        # What every manifest records of the code and arguments, as the raw loop's (git in the background).
+        self.provenance = provenance.Provenance.for_run(provenance.script_path(), False, env)
         self._chosen = False              # choose() ran: its answer, not the supervisor's, is the resume point
         self._resume_checked = False
         # Installed together, removed together at finish (or by the next Run/Session of this
@@ -200,6 +203,25 @@ class FrameworkSession(Session):
             f"from is {path} (step {expected}); pass it to the Trainer (resume_from_checkpoint= / ckpt_path=, "
             "e.g. cb.resume_from()) or leave it to auto-attach")
         self.event(Event.RESUME_STEP_MISMATCH, path=str(path), expected_step=expected, actual_step=start_step)
+
+    def check_provenance(self, config: Optional[dict] = None) -> None:
+        """Once the framework's arguments are known (`config`: counted in the args hash), and before
+        training: a resumed checkpoint of other code or arguments is a warning, or under strict resume
+        (--strict-resume) a refusal, exit 2, as for the raw loop."""
+        if config is not None:
+            self.provenance.include(config)
+        if self.resumed_from is not None:
+            try:
+                manifest = rundir.inspect_checkpoint(self.resumed_from).manifest
+            except rundir.InvalidCheckpoint:
+                return   # chosen verified a moment ago; gone since: the framework's load reports it
+            provenance.check_resume(self.provenance, self.resumed_from, manifest, self,
+                                    lambda code: exit_at_once(self.hb, code))
+
+    def manifest_meta(self) -> dict[str, Any]:
+        """The provenance a manifest written now records (git commit and dirty state, args hash)."""
+        self.provenance.settle()
+        return self.provenance.meta
 
     def discard_newer(self, roots: Iterable[Path], step: int) -> None:
         """Remove checkpoint dirs newer than the resume point that did not validate: the framework

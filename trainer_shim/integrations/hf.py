@@ -86,6 +86,7 @@ class ResilientCallback(CallbackOptions, TrainerCallback):
         self._step_losses: list[float] = []  # doctor mode: this step's training forward losses
         self._loss_hook: Any = None
         self._born = time.time()  # before the Trainer (built after its callbacks) creates output_dir
+        self._epoch_len: Optional[tuple[int, int]] = None   # (batches per epoch, gradient accumulation)
 
     def _framework_args(self, args: Any) -> None:
         """ms-swift's ``cls(args, trainer)``: its arguments get the resume point, unless they name one."""
@@ -138,6 +139,8 @@ class ResilientCallback(CallbackOptions, TrainerCallback):
         s.install_stop()
         s.group  # every rank here together: the shim's barrier group is created collectively
         s.check_resumed(state.global_step)  # the Trainer has loaded its checkpoint's state by now
+        s.check_provenance(_arguments(args))   # before any step (and before we change save_total_limit)
+        self._epoch_len = _epoch_len(kwargs.get("train_dataloader"), args.gradient_accumulation_steps)
         self._limit = args.save_total_limit
         keep = self.keep_last or self._limit
         s.set_keep_last(keep if keep else _UNLIMITED)
@@ -307,14 +310,47 @@ class ResilientCallback(CallbackOptions, TrainerCallback):
         step = int(path.name.rsplit("-", 1)[-1])
         try:
             # The Trainer named the dir already: committed in place (its manifest by temp file and rename).
-            manifest = Manifest.create(rundir.commit.hash_tree(path), step=step,
-                                       epoch=epoch, batch_in_epoch=0, kind=kind, loss=loss)
+            manifest = Manifest.create(rundir.commit.hash_tree(path), step=step, epoch=epoch,
+                                       batch_in_epoch=self._batch_in_epoch(step), kind=kind, loss=loss,
+                                       meta=s.manifest_meta())
             rundir.commit.commit_in_place(path, manifest.to_bytes(), latest_in=s.rd.checkpoints)
         except OSError as e:
             s.save_failed(path, step, e)
         else:
             # The stall: the Trainer's save and our manifest.
             s.committed(path, manifest, self._roots(), protect=[Path(best)] if best else [], seconds=took)
+
+
+    def _batch_in_epoch(self, step: int) -> int:
+        """The batches of its epoch a checkpoint at `step` has trained, by the Trainer's own rule for
+        where a resume starts (steps into the epoch times the gradient accumulation); 0 when the
+        loader has no length."""
+        if self._epoch_len is None:
+            return 0
+        batches, accumulation = self._epoch_len
+        per_epoch = max(-(-batches // accumulation), 1)   # the Trainer's optimizer steps per epoch
+        return min(step % per_epoch * accumulation, batches)
+
+
+# TrainingArguments that differ between attempts of one run, or between its ranks, without changing
+# what is trained: left out of the args hash.
+_PER_ATTEMPT_ARGS = frozenset({"output_dir", "logging_dir", "run_name", "resume_from_checkpoint",
+                               "overwrite_output_dir", "local_rank", "hub_token", "save_total_limit"})
+
+
+def _arguments(args: Any) -> Optional[dict]:
+    """The Trainer's arguments as the args hash counts them (None: not a TrainingArguments)."""
+    to_dict = getattr(args, "to_dict", None)
+    if to_dict is None:
+        return None
+    return {k: v for k, v in to_dict().items() if k not in _PER_ATTEMPT_ARGS}
+
+
+def _epoch_len(loader: Any, accumulation: Any) -> Optional[tuple[int, int]]:
+    try:
+        return int(len(loader)), max(int(accumulation or 1), 1)
+    except TypeError:   # no loader, or an iterable one without a length
+        return None
 
 
 def _refresh_rng_state(path: Path, args: Any, staged: Optional[StagedFiles]) -> None:

@@ -136,6 +136,7 @@ class ResilientCallback(CallbackOptions, *_BASES):  # type: ignore[misc]
         s.install_stop()
         s.group  # every rank here together (torch.distributed is up): the barrier group is made collectively
         s.check_resumed(trainer.global_step)  # restored from ckpt_path before this hook
+        s.check_provenance()   # the script's arguments and config files, its git state
         s.set_total_steps(trainer.estimated_stepping_batches)
         s.beat(trainer.global_step, trainer.current_epoch, Phase.STARTING.value)  # `training` from the first step on
 
@@ -295,7 +296,7 @@ class ResilientCallback(CallbackOptions, *_BASES):  # type: ignore[misc]
         try:
             manifest = Manifest.create(files if files is not None else rundir.commit.hash_tree(draft.path),
                                        step=pos.step, epoch=pos.epoch, batch_in_epoch=pos.batch, kind=kind,
-                                       loss=pos.loss)
+                                       loss=pos.loss, meta=s.manifest_meta())
             draft.commit(manifest.to_bytes(), repoint=True)
         except OSError as e:
             draft.discard()
