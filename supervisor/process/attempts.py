@@ -151,12 +151,17 @@ class Attempt:
     def outlive_a_crash(self, rd: RunDir, now: float, wait: float) -> dict[int, int]:
         """rank -> pid of the ranks still alive `wait` seconds after another rank crashed (wrote
         its error file); {} before that. They cannot finish a collective without it, and the
-        launcher gives them 30 s between its SIGTERM and SIGKILL: a restart waited that long."""
+        launcher gives them 30 s between its SIGTERM and SIGKILL: a restart waited that long. A rank
+        that wrote an error file is not among them: it is ending of its own exception, and its
+        death must read as the crash it recorded, not as our SIGKILL."""
         if self.rank_crashed_at is None:
             if not rd.rank_error_files(self.number):
                 return {}
             self.rank_crashed_at = now
-        return self.rank_procs() if now - self.rank_crashed_at >= wait else {}
+        if now - self.rank_crashed_at < wait:
+            return {}
+        crashed = {rank for rank, _ in rd.rank_error_files(self.number)}
+        return {rank: pid for rank, pid in self.rank_procs().items() if rank not in crashed}
 
     def end_peers_of_a_crash(self, rd: RunDir, now: float, wait: float, dump_wait: float,
                              tick: Callable[[], None]) -> list[tuple[int, int]]:
