@@ -56,6 +56,7 @@ class _Job:
     staged: StagedFiles
     epoch: int
     loss: Optional[float]
+    loss_step: Optional[int]
     best: Optional[str]
 
 
@@ -80,6 +81,7 @@ class ResilientCallback(CallbackOptions, TrainerCallback):
         self._limit: Any = None
         self._stopping = False
         self._loss: Optional[float] = None
+        self._loss_step: Optional[int] = None   # the step the Trainer logged `_loss` at
         self._doctor: Optional[FrameworkDoctor] = None
         self._save_t0: Optional[float] = None   # the step end before the Trainer's save (its stall starts)
         self._at_epoch_end: Optional[tuple] = None  # a save at an epoch's last step, committed at the next epoch
@@ -233,7 +235,7 @@ class ResilientCallback(CallbackOptions, TrainerCallback):
 
     def on_log(self, args: Any, state: Any, control: Any, logs: Optional[dict] = None, **kwargs: Any) -> None:
         if logs and isinstance(logs.get("loss"), (int, float)):
-            self._loss = float(logs["loss"])
+            self._loss, self._loss_step = float(logs["loss"]), state.global_step
             if self.session is not None:
                 self.session.hb.set_loss(self._loss)
 
@@ -263,7 +265,7 @@ class ResilientCallback(CallbackOptions, TrainerCallback):
         elif staged is not None:
             self._submit(path, staged, state, control.should_training_stop)
         elif args.should_save:
-            self._commit(path, int(state.epoch or 0), self._loss, state.best_model_checkpoint, took)
+            self._commit(path, int(state.epoch or 0), (self._loss, self._loss_step), state.best_model_checkpoint, took)
         if self._stopping:
             s.sync("preempt checkpoint committed")  # no rank exits (and makes torchrun end the rest) before it
             s.exit_preempted()
@@ -278,12 +280,13 @@ class ResilientCallback(CallbackOptions, TrainerCallback):
         if staged is not None:
             self._submit(path, staged, state, False)
         elif args.should_save:
-            self._commit(path, int(state.epoch or 0), self._loss, state.best_model_checkpoint, took)
+            self._commit(path, int(state.epoch or 0), (self._loss, self._loss_step), state.best_model_checkpoint, took)
 
     def _submit(self, path: Path, staged: StagedFiles, state: Any, drain: bool) -> None:
         """Hand the staged files to the writer thread (`_write_background`); `drain`: and wait for it."""
         assert self._background is not None
-        self._background.submit(_Job(path, staged, int(state.epoch or 0), self._loss, state.best_model_checkpoint))
+        self._background.submit(_Job(path, staged, int(state.epoch or 0), self._loss, self._loss_step,
+                                     state.best_model_checkpoint))
         if drain:  # training stops after this step: the Trainer may load its best checkpoint next
             self._background.drain()
 
@@ -295,11 +298,12 @@ class ResilientCallback(CallbackOptions, TrainerCallback):
             assert self.session is not None
             self.session.save_failed(job.path, rundir.parse_hf_checkpoint_name(job.path.name), e, background=True)
             return
-        self._commit(job.path, job.epoch, job.loss, job.best, None, CheckpointKind.STEP)
+        self._commit(job.path, job.epoch, (job.loss, job.loss_step), job.best, None, CheckpointKind.STEP)
 
-    def _commit(self, path: Path, epoch: int, loss: Optional[float], best: Optional[str],
+    def _commit(self, path: Path, epoch: int, logged: tuple[Optional[float], Optional[int]], best: Optional[str],
                 took: Optional[float], kind: Optional[CheckpointKind] = None) -> None:
-        """Rank 0: the manifest of the Trainer's checkpoint-N/, then `latest`, index and rotation."""
+        """Rank 0: the manifest of the Trainer's checkpoint-N/, then `latest`, index and rotation.
+        `logged`: the newest loss the Trainer logged, and its step."""
         s = self.session
         assert s is not None
         if not path.is_dir():
@@ -308,11 +312,13 @@ class ResilientCallback(CallbackOptions, TrainerCallback):
         if kind is None:
             kind = CheckpointKind.PREEMPT if self._stopping else CheckpointKind.STEP
         step = int(path.name.rsplit("-", 1)[-1])
+        loss, loss_step = logged
         try:
             # The Trainer named the dir already: committed in place (its manifest by temp file and rename).
             manifest = Manifest.create(rundir.commit.hash_tree(path), step=step, epoch=epoch,
                                        batch_in_epoch=self._batch_in_epoch(step), kind=kind, loss=loss,
-                                       meta=s.manifest_meta())
+                                       meta=s.manifest_meta(),
+                                       loss_step=loss_step if loss_step not in (None, step) else None)
             rundir.commit.commit_in_place(path, manifest.to_bytes(), latest_in=s.rd.checkpoints)
         except OSError as e:
             s.save_failed(path, step, e)

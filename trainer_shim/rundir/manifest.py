@@ -86,6 +86,8 @@ class Manifest:
     # (`.metadata` + `__<rank>_<n>.distcp`) instead of model.pt/optimizer.pt; reshardable.
     sharded: bool = False
     args_hash: Optional[str] = None   # trainer_shim._policies.provenance.args_hash of the writing process
+    # The step `loss` was logged at, when not this checkpoint's own (a framework logs every N steps).
+    loss_step: Optional[int] = None
     format: int = FORMAT_VERSION
 
     @classmethod
@@ -129,6 +131,7 @@ class Manifest:
                 python_version=d.get("python_version"), git_commit=d.get("git_commit"),
                 git_dirty=d.get("git_dirty"), world_size=int(d.get("world_size", 1)),
                 sharded=bool(d.get("sharded", False)), args_hash=d.get("args_hash"),
+                loss_step=d.get("loss_step") if isinstance(d.get("loss_step"), int) else None,
             )
         except KeyError as e:
             raise ValueError(f"manifest lacks {e.args[0]!r}") from e
