@@ -214,7 +214,11 @@ class Supervisor:
             # A hang happened when the rank's heartbeat last changed; a start-up timeout at the start.
             since = a.monitor.tracks[stale.rank].changed_at if stale.rank in a.monitor.tracks else a.started
             a.mark_failure(failed_at=time.time() - (now - since))
-            self._kill_stale(stale.kind, stale.detail)
+            if a.rank_crashed_at is not None:   # its exception is recorded: a crash slow to exit, not a hang
+                self._kill_stale(Kind.CRASH, f"{stale.detail}; still running {self.config.grace_period:g}s after "
+                                             "its uncaught exception")
+            else:
+                self._kill_stale(stale.kind, stale.detail)
 
     def _kill_stale(self, kind: Kind, detail: str) -> None:
         a = self.attempt

@@ -72,6 +72,8 @@ def classify(f: AttemptFacts) -> tuple[Kind, str]:
     """(kind, evidence) for one ended attempt; our own kill reasons win over the exit status."""
     if f.killed_for is Kind.HANG:
         return Kind.HANG, f.stale_detail or "heartbeat stale"
+    if f.killed_for is Kind.CRASH:   # it recorded its exception, then did not exit: we ended it
+        return Kind.CRASH, f"{_error_text(f.error) if f.error is not None else 'uncaught exception'}; {f.stale_detail}"
     if f.killed_for is Kind.STARTUP_TIMEOUT:
         return Kind.STARTUP_TIMEOUT, f.stale_detail or "no heartbeat after start"
     if f.returncode == EXIT_OK:

@@ -2,7 +2,7 @@
 
 Fault injection: TOY_FAULTS="ATTEMPT:ACTION@STEP,..." applies ACTION right after run.step()
 returns at global_step == STEP when $RESILIENT_ATTEMPT (default 1) == ATTEMPT (or ATTEMPT is *).
-ACTIONs: kill, raise, exitN, hang, deadlock, cuda_oom, alloc, sigterm,
+ACTIONs: kill, raise, raise_linger (raise, then never exit), exitN, hang, deadlock, cuda_oom, alloc, sigterm,
 worker_hang (the DataLoader's __getitem__ blocks forever from now on in this attempt, so the
 main process waits on its workers), stall_save (the next checkpoint's first large write blocks
 forever: a save that stops making progress), kill_save (SIGKILL at the next checkpoint's first
@@ -137,6 +137,11 @@ def inject(action: str, run=None) -> None:
     if action in ("kill", "kill_settled", "kill_hashing"):
         os.kill(os.getpid(), signal.SIGKILL)
     elif action == "raise":
+        raise RuntimeError("injected crash")
+    elif action == "raise_linger":
+        # An uncaught exception, then a process that never exits: a non-daemon thread blocks the
+        # interpreter's shutdown, as a stuck NCCL teardown or a forgotten thread does.
+        threading.Thread(target=threading.Event().wait, name="toy-linger").start()
         raise RuntimeError("injected crash")
     elif action.startswith("exit"):
         sys.exit(int(action[4:] or 1))

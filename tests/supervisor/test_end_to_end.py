@@ -40,4 +40,18 @@ def test_kill_raise_exit_hang_cuda_oom_then_success_bit_exact(tmp_path, run_dir)
     for pid in attempt_pids(run_dir):
         assert not alive(pid)
 
+def test_a_crash_that_never_exits_is_a_crash_not_a_hang(tmp_path, run_dir):
+    """The trainer records its uncaught exception, then its interpreter never ends (a thread blocks
+    the shutdown): the supervisor ends it after the grace period and calls it what it was."""
+    r = run_cli("--run-dir", str(run_dir), "--backoff", "0", "--heartbeat-timeout", "2", "--grace-period", "1",
+                TOY, "--epochs", "1", env=sup_env(TOY_FAULTS="1:raise_linger@5"), timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert ended_kinds(run_dir) == ["crash", "success"], events(run_dir, "attempt_ended")
+    evidence = events(run_dir, "attempt_ended")[0]["evidence"]
+    assert evidence.startswith("RuntimeError: injected crash; rank 0 heartbeat unchanged for "), evidence
+    assert evidence.endswith("still running 1s after its uncaught exception"), evidence
+    for pid in attempt_pids(run_dir):
+        assert not alive(pid)
+
+
 # SIGTERM/SIGKILL to the supervisor with DataLoader workers: tests/faults/test_stops.py.
