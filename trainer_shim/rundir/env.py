@@ -49,7 +49,7 @@ def parse_faults(spec: str) -> dict[int, str]:
         out[int(step)] = kind
     return out
 
-ENV_RUN_DIR = "RESILIENT_RUN_DIR"
+ENV_RUN_DIR = "RESILIENT_RUN_DIR"          # the run dir, set by the supervisor for every attempt
 ENV_ATTEMPT = "RESILIENT_ATTEMPT"          # 1-based attempt number
 ENV_RESUME_FROM = "RESILIENT_RESUME_FROM"  # checkpoint dir chosen by the supervisor, or RESUME_NONE
 # Kind (a Kind value) of the previous attempt's failure; set by the supervisor for the user's script.
