@@ -49,7 +49,8 @@ def declared_comments(module: Any) -> dict[str, str]:
             above = []
             k = no - 1
             while k >= 1 and lines[k - 1].lstrip().startswith("#"):
-                above.insert(0, comments.get(k, ""))
+                if not comments.get(k, "").startswith("---"):   # a section rule (`# --- the trainer ---`)
+                    above.insert(0, comments.get(k, ""))
                 k -= 1
             text = " ".join(above)
         out.setdefault(name, text)
