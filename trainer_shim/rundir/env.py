@@ -73,7 +73,7 @@ ENV_DOCTOR_STEPS = "RESILIENT_DOCTOR_STEPS"
 ENV_CALLBACK = "RESILIENT_CALLBACK"
 # Where memory snapshot slots live (a tmpfs; default /dev/shm). Set by the user, not the supervisor:
 # the supervisor and its trainers inherit the same value. A tmpfs mounted with huge pages
-# (`-o huge=within_size`) restores a slot faster than /dev/shm's 4 KiB pages (README).
+# (`-o huge=within_size`) restores a slot faster than /dev/shm's 4 KiB pages (docs/how-to/fast-checkpoints.md).
 ENV_SHM_DIR = "RESILIENT_SHM_DIR"
 
 ENV_NAMES = (ENV_RUN_DIR, ENV_ATTEMPT, ENV_RESUME_FROM, ENV_LAST_FAILURE, ENV_ALLOW_RESHARD, ENV_NODE,
