@@ -67,6 +67,18 @@ def test_every_cli_command_and_parameter_is_on_the_site(site: str) -> None:
                 assert " ".join(param.help.replace("\\[", "[").split())[:40] in flat, (name, param.opts)
 
 
+def test_the_top_level_options_are_on_the_site(site: str) -> None:
+    import typer.main
+
+    from supervisor.cli import app
+
+    top = [p for p in typer.main.get_command(app).params if gen().is_option(p)]
+    assert top   # --version
+    for param in top:
+        for w in [*param.opts, *param.secondary_opts]:
+            assert w in site, w
+
+
 def test_every_init_and_callback_option_is_on_the_site(site: str) -> None:
     from trainer_shim._loop.options import Options
     from trainer_shim.integrations._options import CallbackOptions
