@@ -4,14 +4,14 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install system-deps test test-faults demo bench clean
+.PHONY: install system-deps test test-faults demo bench docs clean
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml constraints-dev.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -c constraints-dev.txt torch==2.13.0
-	$(PY) -m pip install -q -c constraints-dev.txt -e '.[torch,dev,report,hf,lightning,s3]'
+	$(PY) -m pip install -q -c constraints-dev.txt -e '.[torch,dev,report,hf,lightning,s3,docs]'
 	touch $(STAMP)
 
 # Debian packages of the real Slurm/Prometheus tests, only when missing; never fails (they skip).
@@ -41,5 +41,9 @@ demo: install
 bench: install
 	$(PY) bench/run_all.py
 
+# The docs site into site/ (mkdocs-material); --strict: a broken link or an unknown generated table fails.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache site

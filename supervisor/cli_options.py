@@ -2,7 +2,7 @@
 
 typer reads a command's parameters from its function's signature, so `with_run_options` writes
 that signature (one keyword parameter per declared option) instead of a hand-written copy that
-could drift from Config. README.md's table of run options is `options_table()`'s output.
+could drift from Config. The docs' table of run options (docs/reference/cli.md) is `options_table()`'s output.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def with_run_options(fn: F) -> F:
 
 
 def options_table() -> str:
-    """The Markdown table of run's options (flag, YAML key, help), as README.md shows it."""
+    """The Markdown table of run's options (flag, YAML key, help), as the docs show it."""
     rows = ["| flag | YAML key | meaning |", "|---|---|---|"]
     for name, opt in cli_options().items():
         flags = " ".join(f"`{f}`" for f in opt.flag.split("/"))

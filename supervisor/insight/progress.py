@@ -27,7 +27,7 @@ class Progress:
     total_steps: Optional[int]      # heartbeat `total_steps`: run.epochs(n) x len(loader), or an integration's
     steps_per_s: Optional[float]    # this attempt's pace since its first step
     eta_s: Optional[float]
-    goodput: Optional[float]        # only once an attempt has failed (README "What failures cost")
+    goodput: Optional[float]        # only once an attempt has failed (docs/how-to/report-metrics.md)
 
 
 def progress_of(rd: RunDir, hb: Optional[HeartbeatRecord], events: list[dict], *, failed: bool) -> Progress:

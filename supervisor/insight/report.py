@@ -1,6 +1,6 @@
 """`resilient-run report`: what the failures of a run cost, computed from its events.jsonl.
 
-Definitions (README "report"): an attempt's useful time is its training time (first step -> the
+Definitions (docs/how-to/report-metrics.md, "report"): an attempt's useful time is its training time (first step -> the
 failure, else its end, minus its time spent saving) scaled to the steps that were not redone by
 the next attempt; goodput = useful time / wall time (first attempt start -> last attempt end).
 Lost steps = steps redone after restarts. Time spent saving = the training stall of saves, from

@@ -1,6 +1,6 @@
 """The one place that speaks S3 (boto3, from the `s3` extra, imported only when --mirror is used).
 
-boto3 was chosen by bench/bench_mirror.py (README: Checkpoints on object storage): it reads the
+boto3 was chosen by bench/bench_mirror.py (docs/explanation/benchmarks.md, "S3 mirror"): it reads the
 standard AWS environment and config files (profiles, AWS_ENDPOINT_URL for MinIO, Ceph RGW, R2,
 GCS's S3 API), sends `If-None-Match: *`, and s3transfer does multipart uploads of large members.
 Every failure leaves here as MirrorError with one line; no botocore type escapes this module.

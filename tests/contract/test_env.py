@@ -95,8 +95,9 @@ def test_the_shim_alone_refuses_a_resilient_shm_dir_that_is_no_directory(tmp_pat
 
 
 def test_env_declares_every_resilient_name_the_product_mentions() -> None:
-    # Code, docstrings and the README: a RESILIENT_* name anywhere is one of env.py's.
-    sources = [*(REPO / "supervisor").rglob("*.py"), *(REPO / "trainer_shim").rglob("*.py"), REPO / "README.md"]
+    # Code, docstrings, the README and the docs pages: a RESILIENT_* name anywhere is one of env.py's.
+    sources = [*(REPO / "supervisor").rglob("*.py"), *(REPO / "trainer_shim").rglob("*.py"), REPO / "README.md",
+               *(REPO / "docs").rglob("*.md")]
     seen = {m for p in sources for m in re.findall(r"RESILIENT_[A-Z0-9_]*[A-Z0-9]", p.read_text())}
     assert seen <= set(ENV_NAMES), sorted(seen - set(ENV_NAMES))
     declared = {v for k, v in vars(env_module).items() if k.startswith("ENV_") and isinstance(v, str)}

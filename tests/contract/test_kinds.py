@@ -1,5 +1,5 @@
 """Failure kinds: one Enum in the contract, the same values everywhere, each documented in the
-README's table (a kind a user meets in `status` or in RESILIENT_LAST_FAILURE must be looked up)."""
+docs' failure-kinds table (a kind a user meets in `status` or in RESILIENT_LAST_FAILURE must be looked up)."""
 
 from __future__ import annotations
 
@@ -9,16 +9,16 @@ from tests.conftest import REPO
 from trainer_shim.rundir import Kind
 
 
-def readme_kinds() -> list[str]:
-    """The first column of the README's failure-kinds table (the table under "Failure kinds.")."""
-    text = (REPO / "README.md").read_text()
+def documented_kinds() -> list[str]:
+    """The first column of the failure-kinds page's own table (the table under "Failure kinds.")."""
+    text = (REPO / "docs" / "reference" / "failure-kinds.md").read_text()
     start = text.index("**Failure kinds.**")
     table = text[start:].split("\n\n")[1]
     return re.findall(r"^\| `([a-z_]+)` \|", table, flags=re.M)
 
 
-def test_every_kind_is_in_the_readme_table_and_nothing_else() -> None:
-    documented = readme_kinds()
+def test_every_kind_is_in_the_docs_table_and_nothing_else() -> None:
+    documented = documented_kinds()
     assert sorted(documented) == sorted(k.value for k in Kind)
     assert len(documented) == len(set(documented))
 

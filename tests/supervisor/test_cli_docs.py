@@ -1,4 +1,4 @@
-"""README.md's CLI tables against the code they describe, so neither can change without the other.
+"""The docs' per-command exit-code table (docs/reference/exit-codes.md) against the code they describe, so neither can change without the other.
 
 - The exit-code table lists every code of trainer_shim.rundir.exits under its name and value, and
   every code a command's own code returns.
@@ -18,7 +18,7 @@ from tests.conftest import REPO
 from tests.support import invoke_cli
 from trainer_shim.rundir import exits
 
-README = (REPO / "README.md").read_text()
+EXIT_PAGE = (REPO / "docs" / "reference" / "exit-codes.md").read_text()
 EXIT_HEADER = "| command | exit | name | meaning |"
 
 # Where a command's exit codes are decided besides its typer function (which calls into these).
@@ -31,8 +31,8 @@ CLI_MODULES = ["supervisor/cli.py", "supervisor/cli_insight.py", "supervisor/cli
 
 
 def table_rows(header: str) -> list[list[str]]:
-    """The cells of the README table under `header` (backticks stripped), one list per row."""
-    lines = README.splitlines()
+    """The cells of the exit-code page's table under `header` (backticks stripped), one list per row."""
+    lines = EXIT_PAGE.splitlines()
     start = lines.index(header) + 2   # past the header and its |---| line
     rows = []
     for line in lines[start:]:
@@ -63,7 +63,7 @@ def command_functions() -> dict[str, str]:
 def test_every_exit_code_is_in_the_table_under_its_name_and_value() -> None:
     assert {name for _, _, name in EXIT_ROWS} == set(exits.__all__)
     wrong = [(c, code, name) for c, code, name in EXIT_ROWS if getattr(exits, name) != code]
-    assert wrong == [], "README's exit-code table disagrees with trainer_shim/rundir/exits.py"
+    assert wrong == [], "docs/reference/exit-codes.md's table disagrees with trainer_shim/rundir/exits.py"
 
 
 def test_no_command_gives_one_code_two_meanings() -> None:

@@ -1,5 +1,5 @@
 """init() options: ONE declaration (`Options`: name, type, default and what it does) from which
-`trainer_shim.init()`'s keyword signature, its docstring and the README's option table are derived;
+`trainer_shim.init()`'s keyword signature, its docstring and the docs' option table are derived;
 parsed and checked once, before anything touches the run dir (a bad option is a one-line
 ConfigError naming it)."""
 
@@ -127,7 +127,7 @@ def docstring(summary: str) -> str:
 
 
 def table() -> str:
-    """The README's option table (Markdown)."""
+    """The option table of the docs (Markdown; docs/reference/options.md renders it)."""
     rows = ["| option | default | what it does |", "| --- | --- | --- |"]
     rows += [f"| `{f.name}` | `{f.default!r}` | {f.metadata['doc']} |" for f in dataclasses.fields(Options)]
     return "\n".join(rows)

@@ -6,7 +6,7 @@ fills has exactly the member's containers, keys, shapes and dtypes (a run restor
 checkpoint), the member is mapped instead (`torch.load(mmap=True)`: its tensors read the page
 cache) and each tensor is copied once, into its live counterpart; `load_state_dict` then has
 nothing left to do, or only the other leaves to apply (an optimizer's scheduled lr). Measured on
-a 256 MB model (bench/bench_shim.py): README, "Checkpoint format".
+a 256 MB model (bench/bench_shim.py): docs/explanation/benchmarks.md, "Disk save and restore".
 
 The rules that keep this safe:
 - the member's digest is checked before anything is copied (a copy into the model cannot be

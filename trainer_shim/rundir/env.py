@@ -49,7 +49,7 @@ def parse_faults(spec: str) -> dict[int, str]:
         out[int(step)] = kind
     return out
 
-ENV_RUN_DIR = "RESILIENT_RUN_DIR"
+ENV_RUN_DIR = "RESILIENT_RUN_DIR"          # the run dir, set by the supervisor for every attempt
 ENV_ATTEMPT = "RESILIENT_ATTEMPT"          # 1-based attempt number
 ENV_RESUME_FROM = "RESILIENT_RESUME_FROM"  # checkpoint dir chosen by the supervisor, or RESUME_NONE
 # Kind (a Kind value) of the previous attempt's failure; set by the supervisor for the user's script.
@@ -73,7 +73,7 @@ ENV_DOCTOR_STEPS = "RESILIENT_DOCTOR_STEPS"
 ENV_CALLBACK = "RESILIENT_CALLBACK"
 # Where memory snapshot slots live (a tmpfs; default /dev/shm). Set by the user, not the supervisor:
 # the supervisor and its trainers inherit the same value. A tmpfs mounted with huge pages
-# (`-o huge=within_size`) restores a slot faster than /dev/shm's 4 KiB pages (README).
+# (`-o huge=within_size`) restores a slot faster than /dev/shm's 4 KiB pages (docs/how-to/fast-checkpoints.md).
 ENV_SHM_DIR = "RESILIENT_SHM_DIR"
 
 ENV_NAMES = (ENV_RUN_DIR, ENV_ATTEMPT, ENV_RESUME_FROM, ENV_LAST_FAILURE, ENV_ALLOW_RESHARD, ENV_NODE,

@@ -14,7 +14,7 @@ __all__ = [
     "EXIT_EXACT", "EXIT_NOT_EXACT", "EXIT_DOCTOR_FAILED", "EXIT_BAD_INPUT",
 ]
 
-EXIT_OK = 0
+EXIT_OK = 0               # success, for the trainer and every command
 
 # --- the trainer process (shim) ---------------------------------------------------------------
 # An attempt that cannot go on but may succeed when restarted: the usual restart policy applies.

@@ -18,12 +18,12 @@ RESUME_REFUSED_ERROR_TYPE = "trainer_shim.ResumeRefused"  # a --strict-resume re
 class Kind(str, enum.Enum):
     """How an attempt ended; every `attempt_ended` event carries exactly one."""
 
-    SUCCESS = "success"
-    PREEMPTED = "preempted"
+    SUCCESS = "success"              # exit 0: the job is done
+    PREEMPTED = "preempted"          # exit 75 after a preempt checkpoint (a requested stop, SIGTERM)
     OOM = "oom"                      # kernel OOM killer, with cgroup or kernel-log evidence
     CUDA_OOM = "cuda_oom"            # torch.OutOfMemoryError in the error file
     HANG = "hang"                    # heartbeat went stale; we killed it
-    STARTUP_TIMEOUT = "startup_timeout"
+    STARTUP_TIMEOUT = "startup_timeout"  # no first heartbeat in time; we killed it
     CRASH = "crash"                  # non-zero exit, Python exception
     SIGNAL = "signal"                # killed by a signal, no OOM evidence
     RENDEZVOUS = "rendezvous"        # torchrun never joined its peers; no rank ran
