@@ -19,6 +19,7 @@ from trainer_shim.rundir import (EXIT_NOT_RECOVERED, EXIT_OK, EXIT_USAGE, Event,
 
 from ..agent import STACK_DUMP_WAIT
 from ..errors import SupervisorError
+from ..messages import say
 from ..process import faults, procs
 from ..process.cgroup import memory_limit_of
 from ..process.heartbeat import allowance
@@ -111,7 +112,8 @@ def _deadline_s(fault: str, live: _Live) -> float:
     hang: the heartbeat allowance of the phase it stopped in, then the stack dumps), stop, the
     longest backoff, and a start-up that may itself go quiet for its whole allowance."""
     cfg = recorded_config(live.state)
-    detect = max(allowance(p.value, cfg) for p in Phase) + STACK_DUMP_WAIT if fault == "hang" else 0.0
+    # A stopped trainer cannot change its phase: the one it beat last is the one it is judged in.
+    detect = allowance(live.heartbeat.phase, cfg) + STACK_DUMP_WAIT if fault == "hang" else 0.0
     return detect + cfg.grace_period + cfg.backoff_max + allowance(Phase.STARTING.value, cfg) + cfg.heartbeat_timeout
 
 
@@ -164,6 +166,9 @@ def run_drill(run_dir: "str | Path", fault: str, rank: int = 0) -> DrillResult:
     live = _live_trainer(open_run_dir(run_dir), rank)
     seconds = _deadline_s(fault, live)
     hog = _inject(fault, live, seconds)
+    # The wait may be long (a hang is seen only after the heartbeat timeout): say what is awaited.
+    say(f"{fault} injected into pid {live.target.pid} (attempt {live.state.attempt}); waiting up to "
+        f"{seconds:.0f}s for the next attempt's first step")
     try:
         outcome, first = _wait(live.rd, live.state.attempt or 0, time.monotonic() + seconds)
     finally:

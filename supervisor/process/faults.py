@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Callable, Optional
 
 from trainer_shim.rundir import process_start_ticks
@@ -88,8 +89,11 @@ def start_oom(t: Target, limit: MemoryLimit, seconds: float) -> Optional[subproc
     if not t.alive():
         return None
     code = "from supervisor.process.faults import hog; hog()"
+    # This very package, also when it runs from a source tree that was never installed.
+    home = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (home, os.environ.get("PYTHONPATH"))))}
     return subprocess.Popen([sys.executable, "-c", code, str(t.pid), str(t.start_ticks), str(limit.limit_bytes),
-                             str(seconds)], preexec_fn=_join(procs_file), stdin=subprocess.DEVNULL,
+                             str(seconds)], preexec_fn=_join(procs_file), env=env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
 
 
