@@ -88,6 +88,9 @@ def _live_trainer(rd: RunDir, rank: int) -> _Live:
     part = next((p for p in supervised_parts(rd) if hb is None or p.owns_heartbeat(hb)), rd)
     holder = lock_pid(part)
     if holder is None:
+        if hb is not None and hb.phase != Phase.FINISHED.value and faults.Target.of(hb.pid) is not None:
+            raise _refuse(f"{rd.root} is not supervised: rank {rank}'s trainer (pid {hb.pid}) runs without "
+                          "`resilient-run run`, so nothing would recover it")
         raise _refuse(f"{rd.root} is not live: no supervisor holds it (a drill needs a job running under `resilient-run run`)")
     state = supervisor_state(part)
     if state is None or state.supervisor_pid != holder or procs.matches(holder, state.supervisor_create_time) is None:

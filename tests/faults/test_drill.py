@@ -4,16 +4,20 @@ drill reports what the supervisor recorded; a run that is not live is refused in
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from supervisor.insight.drill import DrillRefused, run_drill
+from supervisor.process.cgroup import MemoryCgroup, memory_limit_of
+from tests.conftest import PYTHON
 from tests.support import ended_kinds, events, heartbeat, kill_group, run_cli, start_cli, sup_env, wait_until
 from trainer_shim.rundir import EXIT_NOT_RECOVERED, EXIT_OK, EXIT_USAGE, checkpoint_name
 
-from .common import FAST, TOY, assert_bit_exact, assert_no_survivors, reference
+from .common import FAST, TOY, assert_bit_exact, assert_no_survivors, reference, v1_memory_parent
 
 JOB = ("--epochs", "2", "--samples", "96", "--batch-size", "8", "--save-every", "5")  # 24 steps
 # Attempt 1 sleeps after each step, so the drill lands while it trains; the reference drops the sleep.
@@ -141,3 +145,40 @@ def test_drill_on_a_dead_run_dir_is_refused_in_one_line(tmp_path):
         run_drill(run_dir, "hang")
     assert e.value.exit_code == EXIT_USAGE != EXIT_NOT_RECOVERED
     assert len(events(run_dir, "attempt_started")) == 1
+
+
+def test_drill_on_a_run_without_supervisor_is_refused_in_one_line(tmp_path):
+    """A standalone `python train.py` writes heartbeats, but nothing would recover its trainer."""
+    run_dir = tmp_path / "run"
+    p = subprocess.Popen([PYTHON, TOY, *JOB, *SLOW, "--run-dir", str(run_dir), "--out", str(tmp_path / "w.pt")],
+                         env=sup_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    try:
+        _training_past_a_checkpoint(run_dir, p)
+        assert "not supervised" in _refused_in_one_line(run_dir, "kill")
+        assert p.poll() is None   # untouched
+    finally:
+        kill_group(p)
+
+
+def test_memory_limit_of_finds_a_limit_set_above_the_process(tmp_path):
+    """The limit may sit on an ancestor (a supervisor inside a limited cgroup it did not create): the
+    allocator must still join the process's own cgroup, where the kernel charges it alike."""
+    parent = v1_memory_parent() / f"rr-drill-{os.getpid()}"
+    child = parent / "job"
+    try:
+        child.mkdir(parents=True)
+        (parent / "memory.limit_in_bytes").write_text(str(700 << 20))
+    except OSError as e:
+        pytest.skip(f"no writable v1 memory cgroup: {e}")
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        (child / "cgroup.procs").write_text(str(sleeper.pid))
+        lim = memory_limit_of(sleeper.pid)
+        assert lim is not None and lim.limit_bytes == 700 << 20
+        assert (lim.cgroup.path, lim.limited_at, lim.cgroup.version) == (child, parent, 1)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        MemoryCgroup(child, 1).remove()
+        MemoryCgroup(parent, 1).remove()
