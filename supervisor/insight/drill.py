@@ -145,6 +145,9 @@ def _wait(rd: RunDir, attempt: int, deadline: float) -> tuple[str, Optional[dict
     """Poll the records until an attempt after `attempt` takes its first step: ("recovered", its
     first_step event), or why it will not (the run ended, the supervisor exited, the deadline)."""
     while True:
+        # Asked before the events are read: a supervisor that exits after writing the first step
+        # is then never taken for one that exited without it.
+        gone, late = lock_pid(rd) is None, time.monotonic() > deadline
         events = read_events(rd)
         first = next((e for e in events if e.get("event") == Event.FIRST_STEP
                       and isinstance(e.get("attempt"), int) and e["attempt"] > attempt), None)
@@ -154,9 +157,9 @@ def _wait(rd: RunDir, attempt: int, deadline: float) -> tuple[str, Optional[dict
                     and e["attempt"] >= attempt), None)
         if end is not None:
             return f"the run ended ({end['event']}) before another attempt took a step", None
-        if lock_pid(rd) is None:
+        if gone:
             return "the supervisor exited before another attempt took a step", None
-        if time.monotonic() > deadline:
+        if late:
             return "no attempt took a step before the supervisor's own allowances ran out", None
         time.sleep(POLL_S)
 

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.insight.drill import DrillRefused, run_drill
+from supervisor.insight.drill import DrillRefused, render_text, run_drill
 from supervisor.process.cgroup import MemoryCgroup, memory_limit_of
 from tests.conftest import PYTHON
 from tests.support import ended_kinds, events, heartbeat, kill_group, run_cli, start_cli, sup_env, wait_until
-from trainer_shim.rundir import EXIT_NOT_RECOVERED, EXIT_OK, EXIT_USAGE, checkpoint_name
+from trainer_shim.rundir import EXIT_GAVE_UP, EXIT_NOT_RECOVERED, EXIT_OK, EXIT_USAGE, checkpoint_name
 
 from .common import FAST, TOY, assert_bit_exact, assert_no_survivors, reference, v1_memory_parent
 
@@ -182,3 +182,17 @@ def test_memory_limit_of_finds_a_limit_set_above_the_process(tmp_path):
         sleeper.wait()
         MemoryCgroup(child, 1).remove()
         MemoryCgroup(parent, 1).remove()
+
+
+def test_drill_that_ends_the_run_is_not_recovered(tmp_path):
+    """--max-restarts 0: the kill is recorded, but the supervisor gives up, so no attempt steps again (exit 1)."""
+    p, run_dir, _ = _start(tmp_path, "--max-restarts", "0")
+    try:
+        _training_past_a_checkpoint(run_dir, p)
+        res = run_drill(run_dir, "kill")
+        assert p.wait(60) == EXIT_GAVE_UP
+    finally:
+        kill_group(p)
+    assert not res.recovered and res.exit_code == EXIT_NOT_RECOVERED
+    assert res.kind == "signal" and "gave_up" in res.outcome and res.recovery is None
+    assert "not recovered: the run ended (gave_up)" in render_text(res)
