@@ -18,7 +18,7 @@ from typing import Callable, Optional
 
 from trainer_shim.rundir import process_start_ticks
 
-from .cgroup import MemoryLimit
+from .cgroup import MemoryCgroup, MemoryLimit
 
 __all__ = ["Target", "kill", "stop", "start_oom", "hog"]
 
@@ -92,9 +92,11 @@ def start_oom(t: Target, limit: MemoryLimit, seconds: float) -> Optional[subproc
     # This very package, also when it runs from a source tree that was never installed.
     home = str(Path(__file__).resolve().parents[2])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (home, os.environ.get("PYTHONPATH"))))}
-    return subprocess.Popen([sys.executable, "-c", code, str(t.pid), str(t.start_ticks), str(limit.limit_bytes),
-                             str(seconds)], preexec_fn=_join(procs_file), env=env, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    argv = [str(t.pid), str(t.start_ticks), str(limit.limit_bytes), str(seconds), str(limit.cgroup.path),
+            str(limit.cgroup.version)]
+    return subprocess.Popen([sys.executable, "-c", code, *argv], preexec_fn=_join(procs_file), env=env,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
 
 
 def _join(procs_file: str) -> Callable[[], None]:
@@ -109,13 +111,17 @@ def _join(procs_file: str) -> Callable[[], None]:
 
 
 def hog() -> None:
-    """The allocator (argv: PID START_TICKS LIMIT_BYTES SECONDS): touch memory chunk by chunk while
-    the trainer lives, and exit as soon as it is gone, so the next attempt starts with the limit free.
-    Never more than the limit (the cgroup cannot hold more) and never past SECONDS."""
+    """The allocator (argv: PID START_TICKS LIMIT_BYTES SECONDS CGROUP_DIR VERSION): touch memory chunk
+    by chunk until the kernel has OOM-killed in the cgroup or the trainer is gone, then exit, so the
+    next attempt starts with the limit free. Never more than the limit, never past SECONDS."""
     pid, ticks, limit, seconds = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
-    target, deadline = Target(pid, ticks), time.monotonic() + seconds
+    cgroup = MemoryCgroup(Path(sys.argv[5]), int(sys.argv[6]))
+    target, deadline, kills = Target(pid, ticks), time.monotonic() + seconds, cgroup.oom_kills()
     held: list[bytearray] = []
-    while target.alive() and len(held) * CHUNK < limit and time.monotonic() < deadline:
+    # The counter, not only the trainer's death: a killed trainer may take a while to exit on a busy
+    # box, and an allocator that went on filling the memory it frees would be the kernel's next victim.
+    while (target.alive() and cgroup.oom_kills() == kills and len(held) * CHUNK < limit
+           and time.monotonic() < deadline):
         chunk = bytearray(CHUNK)
         chunk[::PAGE] = b"\1" * len(range(0, CHUNK, PAGE))
         held.append(chunk)

@@ -63,8 +63,8 @@ def _finish_and_check(p, run_dir: Path, out: Path, kinds: list[str]) -> None:
 def _check_result(res, run_dir: Path, kind: str) -> None:
     """The drill's result says what the run dir's records say."""
     ended, started = events(run_dir, "attempt_ended")[0], events(run_dir, "attempt_started")[1]
-    assert res.recovered and res.exit_code == EXIT_OK and res.attempt == 1 and res.next_attempt == 2
-    assert res.kind == res.expected_kind == ended["kind"] == kind and res.evidence == ended["evidence"]
+    assert res.recovered and res.exit_code == EXIT_OK and res.attempt == 1 and res.next_attempt == 2, res
+    assert res.kind == res.expected_kind == ended["kind"] == kind and res.evidence == ended["evidence"], (res, ended)
     assert res.pid == events(run_dir, "attempt_started")[0]["pid"]
     assert res.resumed_from == started["resume_from"] and Path(res.resumed_from).name >= checkpoint_name(5)
     assert res.first_step == int(Path(res.resumed_from).name.rpartition("-")[2]) + 1
