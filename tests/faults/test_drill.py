@@ -20,8 +20,9 @@ from trainer_shim.rundir import EXIT_GAVE_UP, EXIT_NOT_RECOVERED, EXIT_OK, EXIT_
 from .common import FAST, TOY, assert_bit_exact, assert_no_survivors, reference, v1_memory_parent
 
 JOB = ("--epochs", "2", "--samples", "96", "--batch-size", "8", "--save-every", "5")  # 24 steps
-# Attempt 1 sleeps after each step, so the drill lands while it trains; the reference drops the sleep.
-SLOW = ("--step-sleep", "0.4")
+# Attempt 1 sleeps after each step, so the drill lands while it trains: past step 5 it has 19 s left,
+# room for two CLI starts under load 12 (0.4 s a step was not); the reference drops the sleep.
+SLOW = ("--step-sleep", "1.0")
 
 
 def _start(tmp_path: Path, *flags: str):
@@ -31,15 +32,15 @@ def _start(tmp_path: Path, *flags: str):
     return p, run_dir, out
 
 
-def _training_past_a_checkpoint(run_dir: Path, p) -> dict:
-    """Attempt 1's heartbeat once it trains past its first committed checkpoint (step 5)."""
+def _training_past_a_checkpoint(run_dir: Path, p, checkpoint: int = 5) -> dict:
+    """Attempt 1's heartbeat once it trains past its first committed checkpoint (step 5; 0: once it trains)."""
     def ready():
         if p.poll() is not None:
             raise AssertionError(f"the supervisor exited {p.returncode}: {p.stderr.read()[-3000:]}")
         hb = heartbeat(run_dir) or {}
-        return hb if hb.get("attempt") == 1 and hb.get("phase") == "training" and (hb.get("checkpoint_step") or 0) >= 5 \
-            else None
-    return wait_until(ready, timeout=120, what="attempt 1 training past step 5")
+        past = (hb.get("checkpoint_step") or 0) >= checkpoint
+        return hb if hb.get("attempt") == 1 and hb.get("phase") == "training" and past else None
+    return wait_until(ready, timeout=120, what=f"attempt 1 training past checkpoint {checkpoint}")
 
 
 def _refused_in_one_line(run_dir: Path, fault: str) -> str:
@@ -136,7 +137,7 @@ def test_drill_on_a_dead_run_dir_is_refused_in_one_line(tmp_path):
     the lock. Refused before anything is touched, in-process too (DrillRefused, exit 2)."""
     p, run_dir, _ = _start(tmp_path)
     try:
-        _training_past_a_checkpoint(run_dir, p)
+        _training_past_a_checkpoint(run_dir, p, checkpoint=0)
     finally:
         kill_group(p)
     assert_no_survivors(run_dir)
@@ -154,7 +155,7 @@ def test_drill_on_a_run_without_supervisor_is_refused_in_one_line(tmp_path):
                          env=sup_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                          start_new_session=True)
     try:
-        _training_past_a_checkpoint(run_dir, p)
+        _training_past_a_checkpoint(run_dir, p, checkpoint=0)
         assert "not supervised" in _refused_in_one_line(run_dir, "kill")
         assert p.poll() is None   # untouched
     finally:
