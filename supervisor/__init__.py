@@ -6,19 +6,19 @@ env names, exit codes) is `trainer_shim.rundir`.
 Where things live (one room per idea; each room's __init__ maps its modules):
 
     process/      process control: spawn, watch and stop the job's processes
-                    attempts, below, cgroup, first_attempt, heartbeat, launch, leftover, lock,
+                    attempts, below, cgroup, faults, first_attempt, heartbeat, launch, leftover, lock,
                     prestart, procs, snapshots, stopping, wakeup, warmable
     decisions/    what an ended attempt means and what to do next
                     choice, classify, decide, divergence, failure_policy, learned_timeout, policy,
                     smart_restarts
     insight/      what the run tells the world: records, status, reports, metrics
-                    doctor, export, journal, metrics, notify, periodic, progress, render, report,
-                    status
+                    doctor, drill, export, journal, metrics, notify, periodic, progress, render,
+                    report, status, timeline
     mirror/       checkpoints on S3-compatible object storage (--mirror; boto3 only when used)
                     mirror, remote, uploader, url, _client
     agent         Supervisor: one loop, signal handlers that only queue, handle_<sig>
     cli           typer: parse and render only
-    cli_insight   the `doctor` and `report` commands
+    cli_insight   the `doctor`, `report` and `drill` commands
     cli_options   `run`'s flags, derived from their one declaration in config (Config fields with a CliOption)
     cli_slots     the `slots` command: memory snapshot slots in /dev/shm, freeing them
     config        flags + YAML, one schema with every default; each `run` flag declared on its field

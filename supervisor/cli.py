@@ -21,7 +21,7 @@ from .process.stopping import stop_run
 
 __all__ = ["app", "main", "resolve_job"]
 
-COMMANDS = ("run", "status", "checkpoints", "stop", "export", "doctor", "report", "slots")
+COMMANDS = ("run", "status", "checkpoints", "stop", "export", "doctor", "report", "slots", "drill")
 
 app = typer.Typer(
     add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,

@@ -1,4 +1,4 @@
-"""The `doctor` and `report` commands (registered on the main typer app by supervisor.cli)."""
+"""The `doctor`, `report` and `drill` commands (registered on the main typer app by supervisor.cli)."""
 
 from __future__ import annotations
 
@@ -75,6 +75,20 @@ def report(
             raise ConfigError(f"cannot write --png {png}: {e.strerror or e}; choose a writable path") from None
 
 
+def drill(
+    run_dir: Path = typer.Argument(..., metavar="RUN_DIR"),
+    fault: str = typer.Argument(..., metavar="kill|hang|oom", help="SIGKILL, SIGSTOP (a hang), or an OOM kill inside the memory limit."),
+    rank: int = typer.Option(0, "--rank", min=0, help="The rank whose trainer is hit."),
+) -> None:
+    """Rehearse a failure on a live supervised run: hit its trainer, wait for the next attempt's first step, show what was recorded."""
+    from .insight.drill import render_text, run_drill
+
+    res = run_drill(run_dir, fault, rank)
+    typer.echo(render_text(res))
+    raise typer.Exit(res.exit_code)
+
+
 def register(app: typer.Typer) -> None:
     app.command(context_settings={"allow_interspersed_args": False})(doctor)
     app.command()(report)
+    app.command()(drill)

@@ -1,6 +1,7 @@
 """What the run tells the world: records, status, reports, metrics.
 
     doctor    `doctor`: run a job twice and compare
+    drill     `drill`: a real fault in a live run's trainer, then what the supervisor recorded
     export    `export`: verify a checkpoint here, convert it in a child
     journal   events.jsonl, supervisor.json, history of earlier supervisors
     metrics   the Prometheus textfile

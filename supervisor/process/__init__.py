@@ -3,6 +3,7 @@
     attempts   Attempt (what runs) and AttemptResult (how it ended, assessed once)
     below      a trainer's death below a launcher (sh -c, swift, accelerate): the pid and signal
     cgroup     --memory-limit cgroups and the kernel's OOM-kill evidence
+    faults     `drill`'s real faults: SIGKILL, SIGSTOP, an OOM kill inside the trainer's memory limit
     first_attempt  the run's first attempt; on a new node it starts during the mirror download
     heartbeat  per-rank liveness from file events and a timer, on our own clock
     launch     the torchrun argv; torchrun's per-rank failure records

@@ -15,18 +15,18 @@ from trainer_shim.rundir import mounts
 
 from ..errors import SupervisorError
 
-__all__ = ["MemoryCgroup", "CgroupError", "KernelLog"]
+__all__ = ["MemoryCgroup", "CgroupError", "KernelLog", "MemoryLimit", "memory_limit_of"]
 
 
 class CgroupError(SupervisorError):
     """A memory cgroup for --memory-limit could not be created."""
 
 
-def _own_cgroups() -> dict[str, str]:
-    """Controller list (v1: 'memory', v2: '') -> this process's cgroup path."""
+def _own_cgroups(pid: "int | str" = "self") -> dict[str, str]:
+    """Controller list (v1: 'memory', v2: '') -> the cgroup path of process `pid` (default: this one)."""
     out = {}
     try:
-        with open("/proc/self/cgroup") as f:
+        with open(f"/proc/{pid}/cgroup") as f:
             for line in f:
                 _, ctrls, path = line.rstrip("\n").split(":", 2)
                 for c in ctrls.split(","):
@@ -149,6 +149,55 @@ class MemoryCgroup:
                 if e.errno != errno.EBUSY or time.monotonic() > deadline:
                     return
                 time.sleep(0.05)
+
+
+# v1 reports "no limit" as the largest page-aligned int64 (9223372036854771712), not as a word.
+_V1_UNLIMITED = 1 << 62
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryLimit:
+    """The memory limit a process runs under: its own cgroup (which a process joins to be charged
+    alongside it) and the nearest cgroup on the way up to the hierarchy's root that sets a limit."""
+
+    cgroup: MemoryCgroup      # the process's own memory cgroup
+    limit_bytes: int
+    limited_at: Path          # where the limit is set: `cgroup.path` or one of its ancestors
+
+
+def _limit_file(path: Path, version: int) -> Optional[int]:
+    name = "memory.max" if version == 2 else "memory.limit_in_bytes"
+    try:
+        raw = (path / name).read_text().strip()
+    except OSError:
+        return None
+    if not raw.isdigit():   # v2 "max"
+        return None
+    value = int(raw)
+    return value if version == 2 or value < _V1_UNLIMITED else None
+
+
+def memory_limit_of(pid: int) -> Optional[MemoryLimit]:
+    """The memory limit process `pid` runs under, or None when no cgroup above it sets one (then an
+    allocation can only end in the machine's own OOM, which a drill must never cause).
+
+    v1 where a memory hierarchy is mounted (limits are hierarchical there, as in v2), else v2."""
+    groups = _own_cgroups(pid)
+    v1 = next((m for m, t, o in mounts() if t == "cgroup" and "memory" in o.split(",")), None)
+    v2 = next((m for m, t, _ in mounts() if t == "cgroup2"), None)
+    for root, key, version in ((v1, "memory", 1), (v2, "", 2)):
+        if root is None or key not in groups:
+            continue
+        own = Path(root) / groups[key].lstrip("/")
+        if not own.is_dir():   # a path from another cgroup namespace's view: nothing to read here
+            continue
+        for path in (own, *own.parents):
+            if not path.is_relative_to(root):
+                break
+            limit = _limit_file(path, version)
+            if limit is not None:
+                return MemoryLimit(MemoryCgroup(own, version), limit, path)
+    return None
 
 
 _KMSG_KILLED = re.compile(r"Killed process (\d+) \(([^)]*)\)")

@@ -108,6 +108,14 @@ def current_trainer(run_dir: Path) -> Optional[psutil.Process]:
         return None
 
 
+def v1_memory_parent() -> Path:
+    """This process's own v1 memory cgroup dir (where a test may make cgroups of its own), else the root."""
+    root = Path("/sys/fs/cgroup/memory")
+    own = next((ln.split(":", 2)[2].strip() for ln in open("/proc/self/cgroup") if ln.split(":")[1] == "memory"), "/")
+    parent = root / own.lstrip("/")
+    return parent if parent.is_dir() else root
+
+
 def tmp_dirs(run_dir: Path) -> list[Path]:
     return list(rundir.tmp_dirs(Path(run_dir) / "checkpoints"))
 

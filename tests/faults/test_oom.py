@@ -7,22 +7,14 @@ import shlex
 import signal
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
 from tests.supervisor.helpers import CLI, ended_kinds, events, sup_env
 
-from .common import FAST, TOY, assert_bit_exact, assert_no_survivors, reference
+from .common import FAST, TOY, assert_bit_exact, assert_no_survivors, reference, v1_memory_parent
 
 JOB = ("--epochs", "2", "--samples", "96", "--batch-size", "8", "--save-every", "5")  # 24 steps
-
-
-def _v1_memory_parent() -> Path:
-    root = Path("/sys/fs/cgroup/memory")
-    own = next((ln.split(":", 2)[2].strip() for ln in open("/proc/self/cgroup") if ln.split(":")[1] == "memory"), "/")
-    parent = root / own.lstrip("/")
-    return parent if parent.is_dir() else root
 
 
 def test_oom_inside_memory_limit_cgroup(tmp_path):
@@ -46,7 +38,7 @@ def test_oom_without_memory_limit_is_found_in_the_kernel_log(tmp_path):
     """The supervisor itself sits in a limited cgroup it did not create: only /dev/kmsg can tell."""
     if not os.access("/dev/kmsg", os.R_OK):
         pytest.skip("/dev/kmsg is not readable: the kernel-log evidence path cannot be exercised")
-    parent = _v1_memory_parent()
+    parent = v1_memory_parent()
     cg = parent / f"rr-faults-{os.getpid()}"
     try:
         cg.mkdir()

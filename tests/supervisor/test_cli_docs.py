@@ -26,6 +26,7 @@ COMMAND_SOURCES = {
     "run": ["supervisor/agent.py"],
     "stop": ["supervisor/process/stopping.py"],
     "doctor": ["supervisor/insight/doctor.py"],
+    "drill": ["supervisor/insight/drill.py"],
 }
 CLI_MODULES = ["supervisor/cli.py", "supervisor/cli_insight.py", "supervisor/cli_slots.py"]
 

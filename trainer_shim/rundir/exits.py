@@ -11,7 +11,7 @@ __all__ = [
     "EXIT_OK", "EXIT_CRASH", "EXIT_REFUSED", "EXIT_DIVERGED", "EXIT_PREEMPTED",
     "EXIT_GAVE_UP", "EXIT_USAGE", "EXIT_LOCKED", "EXIT_STOPPED", "EXIT_SUPERVISOR_GONE",
     "EXIT_UNHEALTHY", "EXIT_INVALID_CHECKPOINT", "EXIT_NOT_STOPPED", "EXIT_INTERRUPTED",
-    "EXIT_EXACT", "EXIT_NOT_EXACT", "EXIT_DOCTOR_FAILED", "EXIT_BAD_INPUT",
+    "EXIT_EXACT", "EXIT_NOT_EXACT", "EXIT_DOCTOR_FAILED", "EXIT_BAD_INPUT", "EXIT_NOT_RECOVERED",
 ]
 
 EXIT_OK = 0               # success, for the trainer and every command
@@ -54,6 +54,11 @@ EXIT_INTERRUPTED = 130
 EXIT_EXACT = 0            # the interrupted run matched the uninterrupted one bit for bit
 EXIT_NOT_EXACT = 1
 EXIT_DOCTOR_FAILED = 3    # a run could not be completed, so nothing was compared
+
+# --- `resilient-run drill` --------------------------------------------------------------------
+# The fault was injected but no next attempt took a step: the supervisor gave up, the run ended or
+# stopped, or the supervisor's own allowances ran out. 1, as for the other commands' "no" answers.
+EXIT_NOT_RECOVERED = 1
 
 # --- `python -m trainer_shim._insight.export` (run by `resilient-run export`) ----------------------------
 EXIT_BAD_INPUT = 2        # not a valid checkpoint, bad format, unwritable output
