@@ -103,7 +103,7 @@ class Supervisor:
         self._lock_fd = acquire_lock(self.rd)
         # Only now is this the run dir's supervisor; its command line (`... -- python train.py`) would
         # match a search for the trainer's script, its title does not.
-        set_title(supervisor_title(self.rd.root, self.rd.node))
+        set_title(supervisor_title(self.rd.root.resolve(), self.rd.node))
         try:
             self.history = recover_history(self.rd)   # under the lock: no other supervisor appends now
             self.choice.poisoned = self.mirror.poisoned = self.history.poisoned
