@@ -4,6 +4,7 @@ trainer's pid first and its step from the step mark (the heartbeat lags it)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -14,6 +15,9 @@ import psutil
 
 from tests.conftest import JOBS
 from trainer_shim.rundir import ENV_RUN_DIR, RunDir, read_step_mark, read_warm_ready
+
+from supervisor.insight.render import describe_trainer_pids
+from supervisor.insight.status import StatusReport
 
 from .helpers import (
     FAKE_JOB, ended_kinds, events, heartbeat, kill_group, run_cli, start_cli, sup_env, supervisor_state, wait_until,
@@ -97,3 +101,12 @@ def test_status_lists_the_trainer_pid_first_and_the_step_of_the_step_mark(run_di
         assert rows[0] == ["trainer", "pid", str(trainer)] and ["step", "7"] in rows, rows
     finally:
         kill_group(p)
+
+
+def test_several_ranks_are_listed_by_rank() -> None:
+    rep = StatusReport(state="running", supervisor_pid=10, child_pid=11, attempt=1, restarts=0, heartbeat_age_s=0.1,
+                       step=7, epoch=0, loss=None, last_failure=None, latest_checkpoint=None, trainer_pid=12,
+                       trainer_pids={1: 13, 0: 12})
+    assert describe_trainer_pids(rep) == ("trainer pids", "rank 0: 12, rank 1: 13")
+    not_yet = dataclasses.replace(rep, trainer_pids=None, trainer_pid=None)   # no rank has beaten yet
+    assert describe_trainer_pids(not_yet) == ("trainer pid", "11")   # the launcher's
