@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import psutil
@@ -110,3 +111,22 @@ def test_several_ranks_are_listed_by_rank() -> None:
     assert describe_trainer_pids(rep) == ("trainer pids", "rank 0: 12, rank 1: 13")
     not_yet = dataclasses.replace(rep, trainer_pids=None, trainer_pid=None)   # no rank has beaten yet
     assert describe_trainer_pids(not_yet) == ("trainer pid", "11")   # the launcher's
+
+
+_WITHOUT = r"""
+import sys
+sys.modules["setproctitle"] = None   # as if not installed: `import setproctitle` raises ImportError
+import torch, trainer_shim
+model = torch.nn.Linear(2, 2)
+run = trainer_shim.init(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+run.step()
+run.finish()
+print(open("/proc/self/cmdline", "rb").read().split(b"\0")[1].decode())
+"""
+
+
+def test_without_setproctitle_the_shim_trains_untitled(tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, "-c", _WITHOUT], env=sup_env(**{ENV_RUN_DIR: str(tmp_path / "run")}),
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.splitlines()[-1] == "-c"   # the command line as it was: python -c ...
