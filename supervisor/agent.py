@@ -18,7 +18,10 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from trainer_shim.rundir import ContractError, Event, HeartbeatRecord, Phase, RunDir, RunState, SupervisorState, ensure_run_dir, now_iso
+from trainer_shim.rundir import (
+    ContractError, Event, HeartbeatRecord, Phase, RunDir, RunState, SupervisorState, ensure_run_dir, now_iso, set_title,
+    supervisor_title,
+)
 
 from .process import procs, snapshots
 from .process.attempts import Attempt, AttemptResult, assess, attempt_environ, clear_stale_heartbeats, next_log_number
@@ -98,6 +101,9 @@ class Supervisor:
         except ContractError as e:
             raise RunDirError(f"{e}; choose another --run-dir") from None
         self._lock_fd = acquire_lock(self.rd)
+        # Only now is this the run dir's supervisor; its command line (`... -- python train.py`) would
+        # match a search for the trainer's script, its title does not.
+        set_title(supervisor_title(self.rd.root.resolve(), self.rd.node))
         try:
             self.history = recover_history(self.rd)   # under the lock: no other supervisor appends now
             self.choice.poisoned = self.mirror.poisoned = self.history.poisoned

@@ -30,17 +30,21 @@ class Progress:
     goodput: Optional[float]        # only once an attempt has failed (docs/how-to/report-metrics.md)
 
 
-def progress_of(rd: RunDir, hb: Optional[HeartbeatRecord], events: list[dict], *, failed: bool) -> Progress:
-    """Progress from the newest heartbeat; goodput only once an attempt has `failed` (a requested stop is no failure)."""
-    step = hb.step if hb else None
+def progress_of(rd: RunDir, hb: Optional[HeartbeatRecord], events: list[dict], *, failed: bool,
+                step: Optional[int] = None) -> Progress:
+    """Progress from the newest heartbeat; goodput only once an attempt has `failed` (a requested stop is no failure).
+    `step`: a fresher step than the beat's (the step mark) for the position and the ETA; the pace is the
+    beat's own, its step and time taken together."""
+    beat_step = hb.step if hb else None
+    step = beat_step if step is None else step
     total = hb.total_steps if hb else None
     rate = eta = None
     first = next((e for e in reversed(events) if e.get("event") == Event.FIRST_STEP
                   and hb is not None and e.get("attempt") == hb.attempt), None)
     t_hb, t_first = _t(hb.time if hb else None), _t(first.get("time") if first else None)
-    if first is not None and step is not None and t_hb and t_first and t_hb > t_first and step > first["step"]:
-        rate = (step - first["step"]) / (t_hb - t_first)
-        if total is not None and total >= step:
+    if first is not None and beat_step is not None and t_hb and t_first and t_hb > t_first and beat_step > first["step"]:
+        rate = (beat_step - first["step"]) / (t_hb - t_first)
+        if step is not None and total is not None and total >= step:
             eta = (total - step) / rate
     goodput = build_report(rd).goodput if failed else None
     return Progress(step, total, round(rate, 3) if rate else None, round(eta, 1) if eta is not None else None, goodput)

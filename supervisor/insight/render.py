@@ -104,8 +104,9 @@ def status_rows(rep: StatusReport) -> list[tuple[str, str]]:
     sup = _or_dash(rep.supervisor_pid) + ("" if rep.supervisor_alive or rep.supervisor_pid is None else " (exited)")
     stale = "" if rep.heartbeat_fresh or rep.heartbeat_age_s is None else " (stale)"
     rows = [
+        describe_trainer_pids(rep),
         ("state", describe_state(rep)), ("attempt", str(rep.attempt or "-")), ("restarts", _or_dash(rep.restarts)),
-        ("supervisor pid", sup), ("trainer pid", str(rep.trainer_pid or rep.child_pid or "-")),
+        ("supervisor pid", sup),
         ("phase", describe_phase(rep)), ("step", _or_dash(rep.step)),
         ("progress", describe_progress(rep)),
         ("epoch", _or_dash(rep.epoch)),
@@ -116,7 +117,7 @@ def status_rows(rep: StatusReport) -> list[tuple[str, str]]:
         ("disk free", fmt_bytes(rep.disk_free_bytes)),
     ]
     if rep.trainer_pid and rep.child_pid and rep.trainer_pid != rep.child_pid:
-        rows.insert(4, ("launcher pid", str(rep.child_pid)))
+        rows.insert(5, ("launcher pid", str(rep.child_pid)))
     if rep.save_interval_s is not None:
         rows.append(("save interval", f"{fmt_age(rep.save_interval_s)} (auto)"))
     if rep.mirrored is not None:
@@ -124,6 +125,15 @@ def status_rows(rep: StatusReport) -> list[tuple[str, str]]:
     if rep.memory_slots:
         rows.append(("memory slots", describe_slots(rep.memory_slots, rep.supervisor_alive)))
     return rows
+
+
+def describe_trainer_pids(rep: StatusReport) -> tuple[str, str]:
+    """The first row: the process(es) a fault is injected into by hand (`kill -9 PID`), by rank when
+    there are several; the launcher's pid when no rank has beaten yet."""
+    pids = rep.trainer_pids or {}
+    if len(pids) > 1:
+        return "trainer pids", ", ".join(f"rank {r}: {p}" for r, p in sorted(pids.items()))
+    return "trainer pid", str(rep.trainer_pid or rep.child_pid or "-")
 
 
 def describe_slots(m: dict, supervised: bool) -> str:

@@ -13,7 +13,7 @@ import psutil
 from trainer_shim.rundir import (
     MANIFEST_NAME, ContractError, Event, HeartbeatRecord, InvalidCheckpoint, Phase, RunDir, RunState, SupervisorState,
     checkpoint_roots, commit_age, inspect_checkpoint, iter_checkpoint_dirs, newest_valid, parse_checkpoint_name,
-    read_events, read_heartbeat_record, read_index, run_slots, stale_reason,
+    reached_step, read_events, read_heartbeat_record, read_index, run_slots, stale_reason,
 )
 
 from ..process import procs
@@ -84,15 +84,19 @@ class StatusReport:
     memory_slots: Optional[dict] = None
     # rank 0's pid from its heartbeat (this attempt's): child_pid is a launcher's (swift, sh -c) when they differ
     trainer_pid: Optional[int] = None
+    # every rank's pid from its heartbeat (this attempt's), by rank: the processes to signal by hand
+    trainer_pids: Optional[dict[int, int]] = None
+    # the heartbeat's step, which lags `step` (the step mark, written every step) by up to its interval
+    heartbeat_step: Optional[int] = None
 
     @property
     def healthy(self) -> bool:
         return self.state == RunState.SUCCEEDED or (self.state == RunState.RUNNING and self.heartbeat_fresh)
 
     def to_json(self) -> dict:
-        keys = ("state", "supervisor_pid", "child_pid", "trainer_pid", "attempt", "restarts", "heartbeat_age_s", "step",
-                "epoch", "loss", "last_failure", "latest_checkpoint", "save_interval_s", "stop", "mirrored",
-                "memory_slots")
+        keys = ("trainer_pids", "state", "supervisor_pid", "child_pid", "trainer_pid", "attempt", "restarts",
+                "heartbeat_age_s", "step", "heartbeat_step", "epoch", "loss", "last_failure", "latest_checkpoint",
+                "save_interval_s", "stop", "mirrored", "memory_slots")
         out = {k: getattr(self, k) for k in keys}
         if self.progress is not None:
             out.update(total_steps=self.progress.total_steps, steps_per_s=self.progress.steps_per_s,
@@ -118,6 +122,16 @@ def _newest_heartbeat(rd: RunDir) -> tuple[Optional[HeartbeatRecord], Optional[f
     return best
 
 
+def _trainer_pids(rd: RunDir, attempt: int) -> dict[int, int]:
+    """rank -> pid of every rank whose heartbeat is of `attempt` (of this node's ranks, for a node)."""
+    pids = {}
+    for rank, p in rd.heartbeat_files():
+        hb = read_heartbeat_record(p)
+        if hb is not None and hb.attempt == attempt and rd.owns_heartbeat(hb):
+            pids[rank] = hb.pid
+    return pids
+
+
 def supervisor_state(rd: RunDir) -> Optional[SupervisorState]:
     """supervisor.json as its record (None while absent, being replaced or not a supervisor state)."""
     try:
@@ -138,6 +152,10 @@ def read_status(rd: RunDir) -> StatusReport:
     current = hb is not None and state is not None and hb.attempt == state.attempt
     if current and age is not None:
         fresh = age <= allowance(hb.phase, cfg)
+    # The step mark (every step) where there is one of this heartbeat's attempt; the beat lags it.
+    step = reached_step(rd, hb.rank, hb.attempt) if hb is not None else None
+    if step is None and hb is not None:
+        step = hb.step
     events = read_events(rd)
     last_failure = _last_failure(events)
     latest = newest_valid(checkpoint_roots(rd))
@@ -151,16 +169,17 @@ def read_status(rd: RunDir) -> StatusReport:
         child_pid=state.child_pid if state else None, attempt=state.attempt if state else None,
         restarts=state.restarts if state else None,
         heartbeat_age_s=round(age, 3) if age is not None else None,
-        step=hb.step if hb else None, epoch=hb.epoch if hb else None,
+        step=step, heartbeat_step=hb.step if hb else None, epoch=hb.epoch if hb else None,
         loss=hb.loss if hb else None, last_failure=last_failure,
         latest_checkpoint={"path": str(latest.path), "step": latest.step} if latest else None,
         phase=hb.phase if hb else None, heartbeat_fresh=fresh,
         checkpoint_age_s=round(ckpt_age, 3) if ckpt_age is not None else None, disk_free_bytes=free,
         save_interval_s=hb.save_interval_s if hb else None,
-        progress=progress_of(rd, hb, events, failed=last_failure is not None),
+        progress=progress_of(rd, hb, events, failed=last_failure is not None, step=step),
         supervisor_alive=sup_alive,
         stop=_stop(events) if recorded == RunState.STOPPED else None, mirrored=_mirrored(events),
         memory_slots=_memory_slots(rd), trainer_pid=hb.pid if current and hb is not None else None,
+        trainer_pids=_trainer_pids(rd, hb.attempt) if current and hb is not None else None,
     )
 
 

@@ -16,7 +16,9 @@ __all__ = ["kill_leftover_trainer"]
 
 def kill_leftover_trainer(rd: RunDir, grace: float, tick: Callable[[], None]) -> None:
     """A trainer whose supervisor died must go before a new one starts on the same run dir; a
-    process that merely reuses its pid (other start time or command line) is left alone."""
+    process that merely reuses its pid (another start time) is left alone. The start time, not the
+    recorded command line, is the proof: a trainer retitles itself (rundir.titles), which rewrites
+    the command line `ps` and /proc/PID/cmdline show."""
     try:
         prev = SupervisorState.read(rd.supervisor_state)
     except ContractError:
@@ -24,17 +26,9 @@ def kill_leftover_trainer(rd: RunDir, grace: float, tick: Callable[[], None]) ->
     pid = prev.child_pid
     if not pid:
         return
-    proc = procs.matches(pid, prev.child_create_time)
-    if proc is None:
+    if procs.matches(pid, prev.child_create_time) is None:
         if psutil.pid_exists(int(pid)):
             say(f"pid {pid} recorded in supervisor.json is no longer our trainer (start time differs); leaving it alone")
-        return
-    try:
-        cmd = proc.cmdline()
-    except psutil.Error:
-        cmd = None
-    if prev.child_cmdline and cmd != prev.child_cmdline:
-        say(f"pid {pid} recorded in supervisor.json runs another command ({' '.join(cmd or [])[:80]}); leaving it alone")
         return
     say(f"stopping trainer pid {pid} left over from a supervisor that died")
     procs.kill_tree(int(pid), grace=grace, tick=tick)

@@ -83,7 +83,7 @@ class Prestarter:
             options = ((f"--preload={','.join(self.preload)}",) if self.preload else ()) + (
                 f"--ready={self.rd.warm_ready(n)}", f"--frameworks={self.rd.frameworks}") + (
                 (f"--slots={','.join(map(str, snapshot_slot_paths(self.rd.root, self.rd.node)))}",)
-                if self.landing else ())
+                if self.landing else ()) + self._title_options()
         log_path = self.rd.standby_log(n)
         log_path.unlink(missing_ok=True)  # an idle standby's log left by a killed supervisor: never an attempt's
         try:  # the attempt's own variables come over the pipe when it is needed
@@ -93,6 +93,10 @@ class Prestarter:
             say(f"cannot prestart the next attempt's launcher ({e.strerror or e}); restarts start it cold")
             return
         self.standby = Standby(n, child, warm=route.warm)
+
+    def _title_options(self) -> tuple[str, ...]:
+        """What the warm interpreter names in its process title (rundir.titles): this run dir."""
+        return (f"--run-dir={self.rd.root.resolve()}",) + (() if self.rd.node is None else (f"--node={self.rd.node}",))
 
     def _memory_for_warm(self, peak_rss: int) -> bool:
         """The rule of WARM_MEMORY_FACTOR: is there room for an idle warm interpreter?"""

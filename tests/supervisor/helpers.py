@@ -14,7 +14,7 @@ from tests.conftest import JOBS
 from tests.support import (  # noqa: F401 - re-exported
     CLI, ended_kinds, events, heartbeat, kill_group, run_cli, start_cli, sup_env, supervisor_state, wait_until,
 )
-from trainer_shim.rundir import Event, RunDir, read_warm_ready
+from trainer_shim.rundir import Event, RunDir, read_warm_ready, standby_title
 
 FAKE_JOB = str(JOBS / "fake_job.py")
 
@@ -31,10 +31,13 @@ def attempt_pids(run_dir: Path) -> list[int]:
 
 
 def no_standby_left(marker: str) -> None:
-    """No idle warm interpreter whose command line holds `marker` (a test's own path) is left running."""
+    """No idle warm interpreter of this test is left running: one whose command line holds `marker` (a
+    test's own path), or one whose process title names a run dir beside it (the standby retitles itself)."""
+    titled = standby_title(Path(marker).parent).head
     for p in psutil.process_iter(["cmdline"]):
         cmd = p.info["cmdline"] or []
         assert not (WARM_MODULE in cmd and any(marker in c for c in cmd)), cmd
+        assert not " ".join(cmd).startswith(titled), cmd
 
 
 def warm_run(rd: Path, command: list[str], env: dict, cwd: Optional[Path] = None, imported: tuple[str, ...] = (),

@@ -18,9 +18,11 @@ signals leave this process exactly as they leave `python SCRIPT.py` (the interpr
 path: the traceback is printed by sys.excepthook and the exit code is 1).
 
 Usage (by the supervisor only):
-  python -m trainer_shim._launch.warm [--preload=M1,M2] [--ready=FILE] [--frameworks=RECORD] [--slots=S0,S1] TARGET
+  python -m trainer_shim._launch.warm [--preload=M1,M2] [--ready=FILE] [--frameworks=RECORD] [--slots=S0,S1]
+                                      [--run-dir=RUN_DIR [--node=N]] TARGET
 FILE is written once the imports are done (rundir.write_warm_ready); RECORD is the run dir's frameworks
-record; S0,S1 are the attempt's memory snapshot slots (rundir.snapshot_slot_paths).
+record; S0,S1 are the attempt's memory snapshot slots (rundir.snapshot_slot_paths); RUN_DIR (and N)
+name the run in the process title (rundir.titles): `standby RUN_DIR (waiting)`, then the trainer's.
 """
 
 from __future__ import annotations
@@ -35,13 +37,16 @@ from typing import Optional
 
 from . import inline, threads
 from .._restore import landing
-from ..rundir import EXIT_OK, StandbyMessage, frameworks_of_child, write_warm_ready
+from ..rundir import (
+    ENV_ATTEMPT, ENV_NODE, ENV_RUN_DIR, EXIT_OK, StandbyMessage, frameworks_of_child, set_title, standby_title,
+    trainer_title, write_warm_ready,
+)
 
 # How often a waiting interpreter looks at the frameworks record and the slots: a few stats and a small
 # read, while the next import would come seconds later anyway (the attempt writes the record at its
 # first step).
 FRAMEWORKS_POLL_S = 0.5
-_OPTIONS = ("--preload", "--ready", "--frameworks", "--slots")
+_OPTIONS = ("--preload", "--ready", "--frameworks", "--slots", "--run-dir", "--node")
 
 
 def main() -> None:
@@ -49,6 +54,8 @@ def main() -> None:
     if not target or (target[0] == "-m" and len(target) < 2):
         sys.exit("usage: python -m trainer_shim._launch.warm [--preload=M1,M2] [--ready=FILE] "
                  "[--frameworks=RECORD] (SCRIPT | -m MODULE) ARGS...")
+    if opts.get("--run-dir"):   # before the imports: an importing standby is as idle as a waiting one
+        set_title(standby_title(opts["--run-dir"], _node(opts.get("--node"))))
     import torch  # noqa: F401  - the point: pay for the imports before the restart
 
     import torch._dynamo  # noqa: F401  - every torch.optim.Optimizer() imports it lazily: ~0.7 s at the first step
@@ -67,6 +74,7 @@ def main() -> None:
         sys.exit(EXIT_OK)
     os.environ.clear()
     os.environ.update(msg.env)
+    _title_as_trainer(target)
     threads.follow()  # the script's own OMP_NUM_THREADS counts, as in a cold start
     # The attempt must not inherit the supervisor's pipe as its stdin (a cold attempt gets /dev/null).
     devnull = os.open(os.devnull, os.O_RDONLY)
@@ -82,6 +90,20 @@ def _parse(argv: list[str]) -> tuple[dict[str, str], list[str]]:
         opts[opt] = val
         argv = argv[1:]
     return opts, argv
+
+
+def _node(value: Optional[str]) -> Optional[int]:
+    return int(value) if value and value.isdigit() else None
+
+
+def _title_as_trainer(target: list[str]) -> None:
+    """From here on this process is the attempt: it must not read `standby (waiting)` while the
+    script imports and loads, before its init() titles it with its rank (0: one process)."""
+    run_dir, attempt = os.environ.get(ENV_RUN_DIR), os.environ.get(ENV_ATTEMPT, "")
+    if run_dir and attempt.isdigit():
+        command = [os.path.basename(sys.executable), *target]
+        set_title(trainer_title(run_dir, rank=0, attempt=int(attempt), command=command,
+                                node=_node(os.environ.get(ENV_NODE))))
 
 
 def _wait(ready: Optional[Path], record: Optional[Path], preloaded: list[str],

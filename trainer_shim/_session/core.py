@@ -9,6 +9,7 @@ raw loop, trainer_shim.integrations._session for the callbacks) and re-implement
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 from types import TracebackType
@@ -25,6 +26,16 @@ from .messages import say
 __all__ = ["Session"]
 
 
+def _title_as_trainer(rd: RunDir, rank: int, attempt: int) -> None:
+    """`resilient-run trainer rank R attempt N RUN_DIR (python train.py ...)` in `ps`. Here rather than
+    in the warm standby alone: every trainer passes through init(), cold or warm, torchrun's ranks and
+    a launcher's child, and only here is its rank known. Loaded only under the supervisor."""
+    from ..rundir import titles
+
+    titles.set_title(titles.trainer_title(rd.root, rank=rank, attempt=attempt, node=rd.node,
+                                          command=[os.path.basename(sys.executable), *sys.argv]))
+
+
 class Session:
     """Rank `rank` of `world_size` writing into `rd` for attempt `env.attempt`."""
 
@@ -32,6 +43,8 @@ class Session:
                  position: Callable[[], tuple[int, Optional[int]]] = lambda: (0, None)) -> None:
         self.rd, self.env, self.rank, self.world_size = rd, env, rank, world_size
         self.attempt = env.attempt
+        if env.run_dir:   # supervised: the supervisor and its standby carry titles, so `ps` tells us apart
+            _title_as_trainer(rd, rank, self.attempt)
         self.reporter = Reporter(rd, self.attempt)
         # The step mark is reset before the first beat: the supervisor trusts a mark only once this
         # attempt's heartbeat exists, so it never reads a previous attempt's step as ours.

@@ -36,6 +36,7 @@ One module per idea:
                rule, find/persist/free
     mount_table  what is mounted where (/proc/self/mounts): cgroup hierarchies, whether a dir is in RAM
     slot_memory  who holds slot memory (owner records), what it weighs, the stale rule, freeing it
+    titles     process titles (supervisor, standby, trainer) naming the run dir, set when setproctitle is there
 
 Run-dir layout::
 
@@ -128,6 +129,7 @@ _EXPORTS: dict[str, str] = {
         "STALE_AFTER_S SlotGroup free_group free_stale lock_pid owner_path record_owner run_slots "
         "slot_groups stale_reason"
     ),
+    "titles": "Title set_title standby_title supervisor_title trainer_title",
 }
 
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names.split()}
