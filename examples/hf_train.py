@@ -31,12 +31,12 @@ class RandomTokens(torch.utils.data.Dataset):
 
 
 def build(output_dir: str, *, epochs: int = 3, save_steps: int = 5, save_total_limit: Optional[int] = 2,
-          callbacks: Optional[list[Any]] = None) -> Trainer:
+          callbacks: Optional[list[Any]] = None, logging_steps: int = 1) -> Trainer:
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=32))  # dropout 0.1
     args = TrainingArguments(
         output_dir=output_dir, per_device_train_batch_size=8, num_train_epochs=epochs, learning_rate=1e-3,
-        save_strategy="steps", save_steps=save_steps, save_total_limit=save_total_limit, logging_steps=1,
+        save_strategy="steps", save_steps=save_steps, save_total_limit=save_total_limit, logging_steps=logging_steps,
         report_to=[], seed=0, use_cpu=True, dataloader_num_workers=0, disable_tqdm=True,
     )
     return Trainer(model=model, args=args, train_dataset=RandomTokens(), callbacks=callbacks)
@@ -46,10 +46,11 @@ def main(argv: Optional[list[str]] = None) -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--output_dir", required=True)
     p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--logging_steps", type=int, default=1)
     p.add_argument("--out", help="write the final weights here (torch.save of the state_dict)")
     a = p.parse_args(argv)
     cb = ResilientCallback()  # resilient-run
-    trainer = build(a.output_dir, epochs=a.epochs, callbacks=[cb])
+    trainer = build(a.output_dir, epochs=a.epochs, callbacks=[cb], logging_steps=a.logging_steps)
     trainer.train(resume_from_checkpoint=cb.resume_from(a.output_dir))  # resilient-run
     if a.out:
         torch.save({k: v.clone() for k, v in trainer.model.state_dict().items()}, a.out)

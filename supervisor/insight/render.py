@@ -65,6 +65,14 @@ def fmt_bytes(n: Optional[float]) -> str:
     return str(n)
 
 
+def fmt_loss(loss: Optional[float], logged_at: Optional[int]) -> str:
+    """A loss, with the step it was logged at when that is not the row's own step (an HF Trainer logs
+    every logging_steps)."""
+    if not isinstance(loss, (int, float)):
+        return "-"
+    return f"{loss:.6g}" + (f" @{logged_at}" if logged_at is not None else "")
+
+
 def title(rd: RunDir, rate: str = "") -> str:
     return f"resilient-run {rd.root}" + ("" if rd.node is None else f" node {rd.node}") + rate
 
@@ -110,7 +118,7 @@ def status_rows(rep: StatusReport) -> list[tuple[str, str]]:
         ("phase", describe_phase(rep)), ("step", _or_dash(rep.step)),
         ("progress", describe_progress(rep)),
         ("epoch", _or_dash(rep.epoch)),
-        ("loss", f"{rep.loss:.6g}" if isinstance(rep.loss, (int, float)) else "-"),
+        ("loss", fmt_loss(rep.loss, rep.loss_step)),
         ("heartbeat age", fmt_age(rep.heartbeat_age_s) + stale),
         ("last failure", f"{lf['kind']} (attempt {lf['attempt']}, {lf['at']})" if lf else "-"),
         ("latest checkpoint", f"{Path(ck['path']).name} (step {ck['step']}, {fmt_age(rep.checkpoint_age_s)} ago)" if ck else "-"),
@@ -167,7 +175,7 @@ def checkpoint_cells(r: CheckpointRow, verify: bool, now: Optional[float] = None
         else f"INVALID: {r.problem}"
     return {
         "name": r.name, "step": str(r.step), "epoch": _or_dash(r.epoch), "batch": _or_dash(r.batch_in_epoch),
-        "kind": r.kind or "-", "loss": f"{r.loss:.6g}" if isinstance(r.loss, (int, float)) else "-",
+        "kind": r.kind or "-", "loss": fmt_loss(r.loss, r.loss_step),
         "size": fmt_bytes(r.size_bytes), "created": fmt_ago(r.created_at, now),
         "status": st + (f" ({', '.join(flags)})" if flags else ""),
     }

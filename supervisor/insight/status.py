@@ -88,6 +88,7 @@ class StatusReport:
     trainer_pids: Optional[dict[int, int]] = None
     # the heartbeat's step, which lags `step` (the step mark, written every step) by up to its interval
     heartbeat_step: Optional[int] = None
+    loss_step: Optional[int] = None   # the step `loss` was logged at, when a framework logs every N steps
 
     @property
     def healthy(self) -> bool:
@@ -95,7 +96,7 @@ class StatusReport:
 
     def to_json(self) -> dict:
         keys = ("trainer_pids", "state", "supervisor_pid", "child_pid", "trainer_pid", "attempt", "restarts",
-                "heartbeat_age_s", "step", "heartbeat_step", "epoch", "loss", "last_failure", "latest_checkpoint",
+                "heartbeat_age_s", "step", "heartbeat_step", "epoch", "loss", "loss_step", "last_failure", "latest_checkpoint",
                 "save_interval_s", "stop", "mirrored", "memory_slots")
         out = {k: getattr(self, k) for k in keys}
         if self.progress is not None:
@@ -170,7 +171,7 @@ def read_status(rd: RunDir) -> StatusReport:
         restarts=state.restarts if state else None,
         heartbeat_age_s=round(age, 3) if age is not None else None,
         step=step, heartbeat_step=hb.step if hb else None, epoch=hb.epoch if hb else None,
-        loss=hb.loss if hb else None, last_failure=last_failure,
+        loss=hb.loss if hb else None, loss_step=hb.loss_step if hb else None, last_failure=last_failure,
         latest_checkpoint={"path": str(latest.path), "step": latest.step} if latest else None,
         phase=hb.phase if hb else None, heartbeat_fresh=fresh,
         checkpoint_age_s=round(ckpt_age, 3) if ckpt_age is not None else None, disk_free_bytes=free,
@@ -245,6 +246,7 @@ class CheckpointRow:
     is_latest: bool
     problem: Optional[str]
     remote: bool = False   # on object storage (--mirror), listed by its URL
+    loss_step: Optional[int] = None   # the step `loss` was logged at, when not the checkpoint's own
     writing: bool = False   # the newest, no manifest yet, its writer alive: a save in progress, not damage
 
     def to_json(self) -> dict[str, Any]:
@@ -276,7 +278,7 @@ def list_checkpoints(rd: RunDir, *, verify: bool = False) -> list[CheckpointRow]
             epoch=manifest.epoch if manifest else entry.get("epoch"),
             batch_in_epoch=manifest.batch_in_epoch if manifest else None,
             kind=entry.get("kind") or (manifest.kind.value if manifest else None),
-            loss=manifest.loss if manifest else entry.get("loss"),
+            loss=manifest.loss if manifest else entry.get("loss"), loss_step=manifest.loss_step if manifest else None,
             created_at=manifest.created_at if manifest else entry.get("timestamp"),
             size_bytes=size, exact=manifest.exact if manifest else None,
             is_best=bool(entry.get("is_best")), is_latest=latest_target is not None and path.resolve() == latest_target,

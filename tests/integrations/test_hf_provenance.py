@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import PYTHON, REPO
-from tests.support import events, sup_env
+from tests.support import events, run_cli, sup_env
 from trainer_shim import rundir
 from trainer_shim.rundir import Event
 
@@ -22,7 +22,8 @@ JOB = REPO / "examples" / "hf_train.py"
 
 
 def _train(out: Path, epochs: int, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([PYTHON, str(JOB), "--output_dir", str(out), "--epochs", str(epochs)],
+    # The loss is logged every 4 steps: a checkpoint between logs records the step its loss is from.
+    return subprocess.run([PYTHON, str(JOB), "--output_dir", str(out), "--epochs", str(epochs), "--logging_steps", "4"],
                           env=sup_env(**env), capture_output=True, text=True, timeout=300, cwd=out.parent)
 
 
@@ -39,6 +40,10 @@ def test_hf_checkpoints_record_provenance_and_batch_and_a_changed_resume_is_judg
     # 96 samples, batches of 8: 12 batches (optimizer steps) an epoch, a save every 5 steps and at the
     # end, the newest two kept (save_total_limit=2).
     assert {s: (x.epoch, x.batch_in_epoch) for s, x in m.items()} == {10: (0, 10), 12: (1, 0)}
+    assert {s: x.loss_step for s, x in m.items()} == {10: 8, 12: None}   # logged at 8; at 12 itself
+    listed = run_cli("checkpoints", str(out), env=sup_env(COLUMNS="200"))
+    row = next(ln for ln in listed.stdout.splitlines() if ln.lstrip().startswith("checkpoint-10"))
+    assert f"{m[10].loss:.6g} @8" in row, listed.stdout
     hashes = {x.args_hash for x in m.values()}
     assert len(hashes) == 1 and None not in hashes, hashes
 

@@ -57,8 +57,11 @@ class Heartbeat:
     def set_epoch(self, epoch: int) -> None:
         self._fields["epoch"] = epoch
 
-    def set_loss(self, loss: Optional[float]) -> None:
+    def set_loss(self, loss: Optional[float], step: Optional[int] = None) -> None:
+        """The newest loss; `step`: the step it was logged at, when a framework logs every N steps."""
         self._fields["loss"] = loss
+        if step is not None:
+            self._fields["loss_step"] = step
 
     def set_checkpoint(self, step: Optional[int], resumed_from: Optional[str] = None) -> None:
         """The newest committed checkpoint's step (and, after a restore, the checkpoint resumed)."""

@@ -237,7 +237,7 @@ class ResilientCallback(CallbackOptions, TrainerCallback):
         if logs and isinstance(logs.get("loss"), (int, float)):
             self._loss, self._loss_step = float(logs["loss"]), state.global_step
             if self.session is not None:
-                self.session.hb.set_loss(self._loss)
+                self.session.hb.set_loss(self._loss, step=state.global_step)
 
     # --- save ----------------------------------------------------------------------------------
 

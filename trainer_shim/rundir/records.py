@@ -66,6 +66,7 @@ class HeartbeatRecord:
     save_interval_s: Optional[float] = None   # the current automatic save interval, when there is one
     memory_snapshots_skipped: Optional[int] = None  # due memory snapshots skipped (the previous one still hashing)
     memory_every_steps: Optional[int] = None  # the current memory snapshot interval, with memory_every_steps="auto"
+    loss_step: Optional[int] = None           # the step `loss` was logged at (a framework logs every N steps)
 
     def to_json(self) -> dict:
         d = dataclasses.asdict(self)
@@ -100,12 +101,13 @@ def _is_num(v: Any) -> bool:
 _HB_CHECKS: dict[str, Any] = {
     **dict.fromkeys(("pid", "rank", "attempt", "step", "epoch", "seq"), _is_int),
     **dict.fromkeys(("checkpoint_step", "save_bytes", "node", "total_steps", "memory_snapshots_skipped",
-                     "memory_every_steps"), lambda v: v is None or _is_int(v)),
+                     "memory_every_steps", "loss_step"), lambda v: v is None or _is_int(v)),
     **dict.fromkeys(("loss", "save_interval_s"), lambda v: v is None or _is_num(v)),
     "phase": lambda v: isinstance(v, str),
     **dict.fromkeys(("time", "resumed_from"), lambda v: v is None or isinstance(v, str)),
 }
-_OMITTED_WHEN_NONE = ("node", "total_steps", "save_interval_s", "memory_snapshots_skipped", "memory_every_steps")
+_OMITTED_WHEN_NONE = ("node", "total_steps", "save_interval_s", "memory_snapshots_skipped", "memory_every_steps",
+                      "loss_step")
 
 HEARTBEAT_FIELDS = tuple(f.name for f in dataclasses.fields(HeartbeatRecord) if f.name not in _OMITTED_WHEN_NONE)
 
