@@ -29,6 +29,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Callable, Optional
@@ -68,16 +69,13 @@ def events(run_dir: Path, name: str) -> list[dict]:
     return [e for e in map(json.loads, filter(None, lines)) if e.get("event") == name]
 
 
-def finish(proc: subprocess.Popen, timeout: float) -> int:
-    """The supervisor's exit code; its whole process group is SIGKILLed whatever happens."""
+def kill(proc: subprocess.Popen) -> None:
+    """SIGKILL the process group of `proc` (started with start_new_session=True): what is left of it."""
     try:
-        return proc.wait(timeout)
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except OSError:
-            pass
-        proc.wait(30)
+        os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:
+        pass
+    proc.wait(30)
 
 
 def tail(path: Path) -> str:
@@ -97,7 +95,8 @@ class Smoke:
                     and not k.startswith(("RESILIENT_", "RRTEST_"))}
         self.env.update(PATH=f"{self.bin}{os.pathsep}{os.environ.get('PATH', '')}", PYTHONNOUSERSITE="1",
                         HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-                        HF_HOME=str(root / "hf-home"), TOKENIZERS_PARALLELISM="false")
+                        HF_HOME=str(root / "hf-home"), TOKENIZERS_PARALLELISM="false",
+                        OMP_NUM_THREADS="1")   # the jobs run side by side on a 2-core box
 
     def install(self) -> None:
         subprocess.run([sys.executable, "-m", "venv", str(self.venv)], check=True)
@@ -139,8 +138,23 @@ class Smoke:
         ref_dir, sup_dir = self.work / "reference", self.work / "supervised"
         ref_dir.mkdir()
         sup_dir.mkdir()
-        run([self.py, str(toy), str(ref_dir / "final.pt")], cwd=ref_dir, env=self.env, timeout=180)
+        # the uninterrupted reference run, beside the supervised one (each is mostly interpreter start-up)
+        ref = subprocess.Popen([self.py, str(toy), str(ref_dir / "final.pt")], cwd=ref_dir, env=self.env,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        try:
+            self._supervised_toy(toy, sup_dir)
+            ref_out = ref.communicate(timeout=300)[0]
+        finally:
+            kill(ref)
+        assert ref.returncode == 0, f"the reference run exited {ref.returncode}\n{ref_out[-3000:]}"
+        same = ("import sys, torch\n"
+                "a, b = (torch.load(p, weights_only=True) for p in sys.argv[1:])\n"
+                "assert list(a) == list(b) and all(torch.equal(a[k], b[k]) for k in a), 'weights differ'\n"
+                "print(len(a))")
+        n = run([self.py, "-c", same, str(ref_dir / "final.pt"), str(sup_dir / "final.pt")], cwd=self.work, env=self.env)
+        assert int(n.stdout) == 4, n.stdout   # two Linear layers: weight + bias each
 
+    def _supervised_toy(self, toy: Path, sup_dir: Path) -> None:
         run_dir, ready = sup_dir / "run", sup_dir / "ready"
         out, err = sup_dir / "supervisor.out", sup_dir / "supervisor.err"
         with open(out, "w") as o, open(err, "w") as e:
@@ -148,15 +162,14 @@ class Smoke:
                                      str(toy), str(sup_dir / "final.pt"), str(ready)],
                                     cwd=sup_dir, env=self.env, stdout=o, stderr=e, start_new_session=True)
         try:
-            poll(lambda: ready.exists() and ready.read_text().strip(), 120, "the trainer at step 12", proc)
+            poll(ready.exists, 240, "the trainer at step 12", proc)
             pid = int(ready.read_text())
             state = json.loads((run_dir / "supervisor.json").read_text())
             assert state.get("child_pid") == pid, (state.get("child_pid"), pid)
             os.kill(pid, signal.SIGKILL)
-            rc = finish(proc, 180)
+            rc = proc.wait(180)
         finally:
-            if proc.returncode is None:
-                finish(proc, 0)
+            kill(proc)
         assert rc == 0, f"supervisor exited {rc}\n{tail(err)}\n{tail(run_dir / 'logs' / 'attempt-0002.log')}"
         kinds = [e["kind"] for e in events(run_dir, "attempt_ended")]
         assert kinds == ["signal", "success"], kinds
@@ -164,12 +177,6 @@ class Smoke:
                    for e in events(run_dir, "attempt_started")]
         assert resumed == [None, "step-00000010"], resumed
         assert (run_dir / "checkpoints" / "latest" / "MANIFEST.json").is_file(), "no committed checkpoint"
-        same = ("import sys, torch\n"
-                "a, b = (torch.load(p, weights_only=True) for p in sys.argv[1:])\n"
-                "assert list(a) == list(b) and all(torch.equal(a[k], b[k]) for k in a), 'weights differ'\n"
-                "print(len(a))")
-        n = run([self.py, "-c", same, str(ref_dir / "final.pt"), str(sup_dir / "final.pt")], cwd=self.work, env=self.env)
-        assert int(n.stdout) == 4, n.stdout   # two Linear layers: weight + bias each
 
     def check_hf_autoattach(self) -> None:
         job = self.work / "hf_zero_code.py"
@@ -213,16 +220,29 @@ def main() -> int:
                   ("resilient-run --version", smoke.check_version),
                   ("raw loop SIGKILLed at step 12, resumed bit-exact", smoke.check_kill_and_resume),
                   ("zero-code HF Trainer auto-attached and checkpointed", smoke.check_hf_autoattach)]
-        for what, check in checks:
+        results: dict[str, Optional[BaseException]] = {}
+
+        def attempt(what: str, check: Callable[[], None]) -> None:
             t = time.monotonic()
             try:
                 check()
-            except Exception as e:  # noqa: BLE001 - every failure is reported, then the exit code says it
-                failed += 1
+            except BaseException as e:  # noqa: BLE001 - every failure is reported, then the exit code says it
+                results[what] = e
                 log(f"FAILED {what}: {type(e).__name__}: {e}")
             else:
-                passed += 1
+                results[what] = None
                 log(f"ok {what} ({time.monotonic() - t:.1f}s)")
+
+        for what, check in checks[:2]:
+            attempt(what, check)
+        # The two jobs side by side: each is mostly its interpreter's and imports' start-up, one core each.
+        threads = [threading.Thread(target=attempt, args=c) for c in checks[2:]]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        failed = sum(e is not None for e in results.values())
+        passed = len(checks) - failed
     finally:
         if a.keep or failed:
             log(f"kept {root}")

@@ -36,7 +36,8 @@ for epoch in run.epochs(4):
         opt.step()
         run.step(loss=loss.item())
         if ready is not None and os.environ.get("RESILIENT_ATTEMPT") == "1" and run.global_step == 12:
-            ready.write_text(str(os.getpid()))
+            ready.with_suffix(".tmp").write_text(str(os.getpid()))
+            ready.with_suffix(".tmp").rename(ready)      # whole: the smoke reads it as soon as it exists
             while True:          # the victim: it only waits for the SIGKILL, which the smoke sends
                 time.sleep(1)
     sched.step()
