@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install system-deps test test-faults demo bench docs clean
+.PHONY: install system-deps test test-faults wheel test-wheel demo bench docs clean
 
 install: $(STAMP)
 
@@ -35,6 +35,21 @@ test: install system-deps
 test-faults: install system-deps
 	$(PY) -m pytest -q -ra --durations=15 $(XDIST) -m long tests
 
+# The sdist and wheel in dist/ (an isolated build: only pyproject.toml's build requirements), then
+# check-wheel-contents on the wheel (its settings: [tool.check-wheel-contents] in pyproject.toml).
+DIST := dist
+
+wheel: install
+	rm -rf $(DIST)
+	$(PY) -m build -q --outdir $(DIST) .
+	$(VENV)/bin/check-wheel-contents $(DIST)/*.whl
+
+# The wheel as a user installs it: a fresh venv (torch pinned as above, then the wheel, not editable,
+# with [hf]), driven from outside the checkout: --version, a raw loop SIGKILLed once and resumed
+# bit-exact, a zero-code HF Trainer job auto-attached and checkpointed (tests/wheel/smoke.py).
+test-wheel: wheel
+	$(PYTHON) tests/wheel/smoke.py --wheel $(DIST)/*.whl --constraints constraints-dev.txt
+
 demo: install
 	$(PY) examples/demo.py
 
@@ -46,4 +61,4 @@ docs: install
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache site
+	rm -rf $(VENV) runs .pytest_cache site $(DIST) build
