@@ -84,6 +84,8 @@ class StatusReport:
     memory_slots: Optional[dict] = None
     # rank 0's pid from its heartbeat (this attempt's): child_pid is a launcher's (swift, sh -c) when they differ
     trainer_pid: Optional[int] = None
+    # why the trainer's memory snapshots are off for its attempt (the slots did not fit), from its heartbeat
+    memory_snapshots_off_reason: Optional[str] = None
 
     @property
     def healthy(self) -> bool:
@@ -92,7 +94,7 @@ class StatusReport:
     def to_json(self) -> dict:
         keys = ("state", "supervisor_pid", "child_pid", "trainer_pid", "attempt", "restarts", "heartbeat_age_s", "step",
                 "epoch", "loss", "last_failure", "latest_checkpoint", "save_interval_s", "stop", "mirrored",
-                "memory_slots")
+                "memory_slots", "memory_snapshots_off_reason")
         out = {k: getattr(self, k) for k in keys}
         if self.progress is not None:
             out.update(total_steps=self.progress.total_steps, steps_per_s=self.progress.steps_per_s,
@@ -161,6 +163,7 @@ def read_status(rd: RunDir) -> StatusReport:
         supervisor_alive=sup_alive,
         stop=_stop(events) if recorded == RunState.STOPPED else None, mirrored=_mirrored(events),
         memory_slots=_memory_slots(rd), trainer_pid=hb.pid if current and hb is not None else None,
+        memory_snapshots_off_reason=hb.memory_snapshots_off_reason if hb else None,
     )
 
 

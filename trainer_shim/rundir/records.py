@@ -66,6 +66,7 @@ class HeartbeatRecord:
     save_interval_s: Optional[float] = None   # the current automatic save interval, when there is one
     memory_snapshots_skipped: Optional[int] = None  # due memory snapshots skipped (the previous one still hashing)
     memory_every_steps: Optional[int] = None  # the current memory snapshot interval, with memory_every_steps="auto"
+    memory_snapshots_off_reason: Optional[str] = None  # why this attempt takes no memory snapshots (slots too big)
 
     def to_json(self) -> dict:
         d = dataclasses.asdict(self)
@@ -103,9 +104,10 @@ _HB_CHECKS: dict[str, Any] = {
                      "memory_every_steps"), lambda v: v is None or _is_int(v)),
     **dict.fromkeys(("loss", "save_interval_s"), lambda v: v is None or _is_num(v)),
     "phase": lambda v: isinstance(v, str),
-    **dict.fromkeys(("time", "resumed_from"), lambda v: v is None or isinstance(v, str)),
+    **dict.fromkeys(("time", "resumed_from", "memory_snapshots_off_reason"), lambda v: v is None or isinstance(v, str)),
 }
-_OMITTED_WHEN_NONE = ("node", "total_steps", "save_interval_s", "memory_snapshots_skipped", "memory_every_steps")
+_OMITTED_WHEN_NONE = ("node", "total_steps", "save_interval_s", "memory_snapshots_skipped", "memory_every_steps",
+                      "memory_snapshots_off_reason")
 
 HEARTBEAT_FIELDS = tuple(f.name for f in dataclasses.fields(HeartbeatRecord) if f.name not in _OMITTED_WHEN_NONE)
 
