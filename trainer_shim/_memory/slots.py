@@ -17,6 +17,7 @@ waits for; `finalize()` runs on a background thread (async_save.FastSaver).
 from __future__ import annotations
 
 import copy
+import errno
 import mmap
 import os
 from pathlib import Path
@@ -27,7 +28,7 @@ import torch
 from .._disk import raw_tensors as raw
 from .. import rundir
 from ..errors import ShimError
-from .._session.messages import say
+from .._session.messages import describe, say
 from ..rundir import FileEntry, Manifest
 from .._disk import members
 from .._restore import read
@@ -42,6 +43,31 @@ class SlotError(ShimError):
     def __init__(self, path: Path, reason: str) -> None:
         super().__init__(f"{path}: {reason}")
         self.path = path
+
+
+class NoRoom(SlotError):
+    """A region's pages could not be reserved (ENOSPC, ENOMEM, EDQUOT): the slots do not fit, although
+    the fit check let them in (something else took the room meanwhile)."""
+
+    ERRNOS = (errno.ENOSPC, errno.ENOMEM, errno.EDQUOT)
+
+    def __init__(self, path: Path, nbytes: int, error: str) -> None:
+        super().__init__(path, f"cannot reserve {nbytes} bytes: {error}")
+        self.nbytes, self.error = nbytes, error
+
+
+def region_bytes(files: dict[str, Any]) -> int:
+    """What one slot's region files take for `files` (a checkpoint's members): whole pages, as a
+    tmpfs allocates them. The small members (skeletons, RNG state) are the fit check's margin."""
+    total = 0
+    for name in SPLIT:
+        if name in files:
+            tensors: list = []
+            split(files[name], tensors)
+            entries = raw.plan(tensors)
+            if entries is not None:
+                total += -(-max(raw.size_of(entries), 1) // mmap.PAGESIZE) * mmap.PAGESIZE
+    return total
 
 
 def split(obj: Any, out: list) -> Any:
@@ -225,7 +251,12 @@ class Slot:
         self.created = True
         entries = raw.plan(tensors)
         assert entries is not None  # fill() stores members that cannot be raw whole
-        mm = raw.reuse(tpath, entries) or raw.create(tpath, entries)
+        try:
+            mm = raw.reuse(tpath, entries) or raw.create(tpath, entries)
+        except OSError as e:
+            if e.errno in NoRoom.ERRNOS:
+                raise NoRoom(tpath, raw.size_of(entries), describe(e)) from e
+            raise
         views = [raw.view(mm, e) for e in entries]
         with torch.no_grad():
             for dst, src in zip(views, tensors):
@@ -274,6 +305,15 @@ class Slots:
         self.staging = Staging()
         self.newest: Optional[int] = None  # index of the newest complete slot this process wrote/restored
         self.complete: set[int] = set()    # slots this process knows complete (wrote or restored)
+
+    def need(self, files: dict[str, Any]) -> int:
+        """What this rank's slots take in all when they hold `files`."""
+        return len(self.slots) * region_bytes(files)
+
+    def held(self) -> int:
+        """What this rank's slots hold now: a predecessor's regions, which its snapshots rewrite in place."""
+        mine = {str(s.path) for s in self.slots}
+        return sum(u.bytes for u in rundir.run_slots(self.rd.root, self.rd.node).slots if u.path in mine)
 
     def prepare(self) -> list[tuple[Path, str]]:
         """Every slot ready; (path, reason) of loose ones that were replaced."""
