@@ -63,9 +63,10 @@ def test_slots_bigger_than_the_slot_dir_are_not_made_and_a_kill9_run_ends_exact_
     # One event per attempt, at its first due snapshot, with the numbers; the owner record written
     # beside the slots at init() takes one page of the tmpfs.
     off = events(run_dir, rundir.Event.MEMORY_SNAPSHOTS_OFF)
-    got = [(e["attempt"], e["step"], e["room"], e["where"], e["need_bytes"], e["held_bytes"], e["margin_bytes"],
-            e["free_bytes"], e["size_bytes"]) for e in off]
-    assert got == [(a, s, "slot_dir", str(slots), need, 0, 4 * MiB, 16 * MiB - PAGE, 16 * MiB) for a, s in ((1, 1), (2, 13))]
+    got = [(e["attempt"], e["step"], e["memory_snapshots"], e["room"], e["where"], e["need_bytes"], e["held_bytes"],
+            e["margin_bytes"], e["free_bytes"], e["size_bytes"]) for e in off]
+    assert got == [(a, s, True, "slot_dir", str(slots), need, 0, 4 * MiB, 16 * MiB - PAGE, 16 * MiB)
+                   for a, s in ((1, 1), (2, 13))]
     reason = (f"2 slots need 24.5 MiB + a 4.0 MiB margin, but {slots} ({rundir.ENV_SHM_DIR}) has 16.0 MiB free "
               "of 16.0 MiB")
     fix = (f"a tmpfs of at least 29 MiB there (docker run --shm-size=29m for /dev/shm; mount -o remount,size=29m "

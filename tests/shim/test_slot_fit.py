@@ -5,6 +5,7 @@ no file (never a SIGBUS at a write through its mapping)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -30,6 +31,10 @@ def test_the_fit_check_refuses_slots_bigger_than_the_slot_dir_with_the_numbers(t
             f"{d} for one of your own), or {rundir.ENV_SHM_DIR} on a tmpfs with 28.0 MiB free, or turn memory "
             "snapshots off (memory_every_steps=None)")
         assert refusal.fields()["need_bytes"] == 24 * MiB and refusal.fields()["free_bytes"] == 16 * MiB
+        # With async_save alone the same slots are not made: its saves go synchronous, said so.
+        async_only = dataclasses.replace(refusal, snapshots=False).line()
+        assert async_only.startswith("warning: async saves synchronous (no memory slots) for this attempt: 2 slots ")
+        assert async_only.endswith("28.0 MiB free, or async_save=False")
         # The margin is 10 % of the slots, at least 4 MiB: 12 MiB of slots fit exactly, a page more does not.
         assert fit.check(12 * MiB, 0, 2, d) is None
         assert fit.check(12 * MiB + 4096, 0, 2, d) is not None

@@ -37,7 +37,6 @@ MEMORY_MARGIN_MIN = 256 * MiB  # the training process's own growth beside the sl
 _UNLIMITED = 1 << 62           # a cgroup v1 "no limit" is PAGE_COUNTER_MAX pages, just under 2**63
 
 SLOT_DIR, HOST_MEMORY, MEMORY_CGROUP = "slot_dir", "host_memory", "memory_cgroup"
-OFF_FIX = "or turn memory snapshots off (memory_every_steps=None)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,14 +64,38 @@ class Room:
                 f"{mib(self.size or 0)}")
 
 
+class Said:
+    """How slots turned off are told: one line (stderr) and the MEMORY_SNAPSHOTS_OFF event's fields.
+    `snapshots`: memory snapshots were asked for; else only async saves used the slots, and go
+    synchronous."""
+
+    snapshots: bool
+    reason: str
+
+    def fix(self) -> str:
+        raise NotImplementedError
+
+    @property
+    def off_fix(self) -> str:
+        return "or turn memory snapshots off (memory_every_steps=None)" if self.snapshots else "or async_save=False"
+
+    def line(self) -> str:
+        what = "memory snapshots off" if self.snapshots else "async saves synchronous (no memory slots)"
+        return f"warning: {what} for this attempt: {self.reason}; training goes on with disk saves. Fix: {self.fix()}"
+
+    def fields(self) -> dict:
+        return {"reason": self.reason, "fix": self.fix(), "memory_snapshots": self.snapshots}
+
+
 @dataclasses.dataclass(frozen=True)
-class Refusal:
+class Refusal(Said):
     """The slots do not fit in `room`: `need` bytes for `slots` slots, `held` of them already held."""
 
     room: Room
     need: int
     held: int
     slots: int
+    snapshots: bool = True
 
     @property
     def margin(self) -> int:
@@ -84,7 +107,7 @@ class Refusal:
         return self.need + self.margin - self.held - self.room.free
 
     @property
-    def reason(self) -> str:
+    def reason(self) -> str:  # type: ignore[override]
         held = f", {mib(self.held)} of it held already" if self.held else ""
         return (f"{self.slots} slots need {mib(self.need)} + a {mib(self.margin)} margin{held}, "
                 f"but {self.room.describe()}")
@@ -94,47 +117,39 @@ class Refusal:
             total = -(-((self.room.size or 0) + self.short) // MiB)   # the size the tmpfs needs, in whole MiB
             return (f"a tmpfs of at least {total} MiB there (docker run --shm-size={total}m for /dev/shm; "
                     f"mount -o remount,size={total}m {self.room.where} for one of your own), or "
-                    f"{rundir.ENV_SHM_DIR} on a tmpfs with {mib(self.need + self.margin - self.held)} free, {OFF_FIX}")
+                    f"{rundir.ENV_SHM_DIR} on a tmpfs with {mib(self.need + self.margin - self.held)} free, "
+                    f"{self.off_fix}")
         if self.room.kind == HOST_MEMORY:
-            return f"{mib(self.short)} more free memory on the host, less model state per process, {OFF_FIX}"
+            return f"{mib(self.short)} more free memory on the host, less model state per process, {self.off_fix}"
         return (f"a memory limit {mib(self.short)} higher (docker run --memory, Kubernetes resources.limits.memory, "
-                f"resilient-run --memory-limit), {OFF_FIX}")
-
-    def line(self) -> str:
-        """The one line a user reads (stderr)."""
-        return (f"warning: memory snapshots off for this attempt: {self.reason}; training goes on with disk saves. "
-                f"Fix: {self.fix()}")
+                f"resilient-run --memory-limit), {self.off_fix}")
 
     def fields(self) -> dict:
-        """The MEMORY_SNAPSHOTS_OFF event's fields."""
-        return {"reason": self.reason, "fix": self.fix(), "room": self.room.kind, "where": self.room.where,
-                "need_bytes": self.need, "held_bytes": self.held, "margin_bytes": self.margin,
-                "free_bytes": self.room.free, "size_bytes": self.room.size}
+        return {**super().fields(), "room": self.room.kind, "where": self.room.where, "need_bytes": self.need,
+                "held_bytes": self.held, "margin_bytes": self.margin, "free_bytes": self.room.free,
+                "size_bytes": self.room.size}
 
 
 @dataclasses.dataclass(frozen=True)
-class Unreserved:
+class Unreserved(Said):
     """A region's pages could not be reserved at its creation (slots.NoRoom) although the check let
-    the slots in: something else took the room meanwhile. Said the same way as a Refusal."""
+    the slots in: something else took the room meanwhile."""
 
     path: str
     nbytes: int
     error: str
+    snapshots: bool = True
 
     @property
-    def reason(self) -> str:
+    def reason(self) -> str:  # type: ignore[override]
         return f"cannot reserve {mib(self.nbytes)} for {self.path}: {self.error}"
 
     def fix(self) -> str:
         return (f"room for the slots where they live (df {Path(self.path).parent.parent}, free -m), "
-                f"{rundir.ENV_SHM_DIR} on a bigger tmpfs, {OFF_FIX}")
-
-    def line(self) -> str:
-        return (f"warning: memory snapshots off for this attempt: {self.reason}; training goes on with disk saves. "
-                f"Fix: {self.fix()}")
+                f"{rundir.ENV_SHM_DIR} on a bigger tmpfs, {self.off_fix}")
 
     def fields(self) -> dict:
-        return {"reason": self.reason, "fix": self.fix(), "room": None, "where": self.path, "need_bytes": self.nbytes}
+        return {**super().fields(), "room": None, "where": self.path, "need_bytes": self.nbytes}
 
 
 def mib(n: int) -> str:

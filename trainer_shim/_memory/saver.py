@@ -20,6 +20,11 @@ most one save is in flight:
   one `save_skipped` event per in-flight disk save. N ranks hash on the training thread instead
   (a kill then finds every rank's slot of the step complete: slots are merged by step).
 
+Before an attempt's first slot region is made (its first due snapshot or async save), the slots
+are held against the room they need (fit: slot dir, host memory, memory cgroup); where they do
+not fit, or a region's pages cannot be reserved, the slots are off for the attempt: no memory
+snapshots, synchronous disk saves, one line and a `memory_snapshots_off` event.
+
 Writer failures become `checkpoint_failed` events and a warning at the next run.step();
 training continues. drain() (SIGTERM, finish(), an uncaught exception, interpreter exit) waits
 for the in-flight save, bounded by `grace`.
@@ -159,8 +164,7 @@ class FastSaver(SnapshotHasher):
         One node's ranks share the dir and the memory: their slots are counted together, and if
         one rank finds them short, all turn them off (their snapshots must hold the same steps)."""
         self._fit_checked = True
-        files = capture.capture(self.run, CheckpointKind.STEP, True).files
-        need, held, n = self.slots.need(files), self.slots.held(), len(self.slots.slots)
+        need, held, n = self.slots.need(capture.big_members(self.run)), self.slots.held(), len(self.slots.slots)
         if self.world > 1:
             shares = self.run.engine.group.all_gather((need, held), "memory snapshot slot sizes")
             need, held, n = sum(s[0] for s in shares), sum(s[1] for s in shares), n * self.world
@@ -175,6 +179,7 @@ class FastSaver(SnapshotHasher):
         once (a line and an event from rank 0; every rank's heartbeat); the slots are freed once
         nothing in them is newer than the disk (a restored snapshot's persist finishes first)."""
         run = self.run
+        why = dataclasses.replace(why, snapshots=bool(self.memory_every or self.auto_memory))
         self.off, self.memory_every, self.auto_memory, self.async_save = why.reason, None, None, False
         run.engine.hb.set_memory_snapshots(off=why.reason)
         if run.rank == 0 or isinstance(why, fit.Unreserved):  # a rank's own failure is said by that rank
