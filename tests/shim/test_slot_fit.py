@@ -6,13 +6,15 @@ no file (never a SIGBUS at a write through its mapping)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.conftest import mounted_tmpfs
+from tests.conftest import PYTHON, REPO, child_env, mounted_tmpfs
 from trainer_shim import rundir
 from trainer_shim._memory import fit
 from trainer_shim._memory.slots import NoRoom, Slot
@@ -66,3 +68,45 @@ def test_a_region_the_tmpfs_cannot_back_fails_at_creation_and_leaves_no_file(tmp
         slot.fill({rundir.MODEL_FILE: {"w": torch.ones(2 * MiB)}})   # 8 MiB: made, every page reserved
         region = slot.path / (rundir.MODEL_FILE + rundir.TENSORS_SUFFIX)
         assert os.stat(region).st_blocks * 512 == 8 * MiB
+
+
+def _own_v1_memory_cgroup() -> Path:
+    root = Path("/sys/fs/cgroup/memory")
+    own = next((ln.split(":", 2)[2] for ln in Path("/proc/self/cgroup").read_text().splitlines()
+                if ln.split(":")[1] == "memory"), "/")
+    return root / own.lstrip("/")
+
+
+_ROOMS = """
+import json
+from pathlib import Path
+from trainer_shim._memory import fit
+room = next(r for r in fit.rooms(Path("/dev/shm")) if r.kind == fit.MEMORY_CGROUP)
+refused_in = fit.check(room.free, 0, 2, Path("/dev/shm")).room.kind
+fix = fit.Refusal(room, room.free, 0, 2).fix()   # the same measure (a second one may differ by a page)
+print(json.dumps({"room": [room.where, room.free, room.size], "refused_in": refused_in, "fix": fix}))
+"""
+
+
+def test_a_memory_cgroup_limit_is_a_room_the_slots_must_fit_under(tmp_path: Path) -> None:
+    """A process in a v1 memory cgroup limited to 900 MiB: the limit less its working set is a room,
+    and slots as big as that room (plus the margin) are refused there, with the limit to raise."""
+    cg = _own_v1_memory_cgroup() / f"rr-slot-fit-{os.getpid()}"
+    try:
+        cg.mkdir()
+        (cg / "memory.limit_in_bytes").write_text(str(900 * MiB))
+    except OSError as e:
+        pytest.skip(f"no writable v1 memory cgroup at {cg.parent}: {e}")
+    try:
+        p = subprocess.run(["sh", "-c", f'echo $$ > "{cg}/cgroup.procs" && exec "$@"', "sh", PYTHON, "-c", _ROOMS],
+                           env=child_env(PYTHONPATH=str(REPO)), capture_output=True, text=True, timeout=120)
+    finally:
+        cg.rmdir()   # its only process has exited
+    assert p.returncode == 0, p.stderr[-2000:]
+    got = json.loads(p.stdout)
+    where, free, size = got["room"]
+    assert (where, size, got["refused_in"]) == (str(cg), 900 * MiB, fit.MEMORY_CGROUP)
+    assert 0 < free < 900 * MiB   # the interpreter's own pages are charged to it
+    # short = the slots (free) + a 256 MiB margin (more than 10 % of them) - free
+    assert got["fix"] == ("a memory limit 256.0 MiB higher (docker run --memory, Kubernetes resources.limits.memory, "
+                          "resilient-run --memory-limit), or turn memory snapshots off (memory_every_steps=None)")
