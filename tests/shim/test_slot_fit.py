@@ -61,13 +61,20 @@ def test_a_region_the_tmpfs_cannot_back_fails_at_creation_and_leaves_no_file(tmp
     with mounted_tmpfs(tmp_path / "slots", "size=16m,mode=0700") as d:
         slot = Slot(d / "slot-0")
         assert slot.prepare() is None
-        with pytest.raises(NoRoom, match=r"model\.pt\.tensors: cannot reserve 20971520 bytes: ENOSPC: No space left on device$"):
+        with pytest.raises(NoRoom, match=r"model\.pt\.tensors: no room for 20971520 bytes: ENOSPC: No space left on device$"):
             slot.fill({rundir.MODEL_FILE: {"w": torch.ones(5 * MiB)}})   # 20 MiB of float32
         assert os.listdir(slot.path) == []
         assert os.statvfs(d).f_bfree * os.statvfs(d).f_frsize == 16 * MiB   # nothing of it stays allocated
         slot.fill({rundir.MODEL_FILE: {"w": torch.ones(2 * MiB)}})   # 8 MiB: made, every page reserved
         region = slot.path / (rundir.MODEL_FILE + rundir.TENSORS_SUFFIX)
         assert os.stat(region).st_blocks * 512 == 8 * MiB
+        # The tmpfs filled up by someone else: the next snapshot's small skeleton finds no room either,
+        # an error (not torch.save's opaque one) that leaves no half-written file.
+        st = os.statvfs(d)
+        (d / "filler").write_bytes(b"\0" * (st.f_bavail * st.f_frsize))
+        with pytest.raises(NoRoom, match=r"/model\.pt: no room for \d+ bytes: ENOSPC: No space left on device$"):
+            slot.fill({rundir.MODEL_FILE: {"w": torch.zeros(2 * MiB)}})
+        assert sorted(os.listdir(slot.path)) == [rundir.MODEL_FILE, rundir.MODEL_FILE + rundir.TENSORS_SUFFIX]
 
 
 def _own_v1_memory_cgroup() -> Path:

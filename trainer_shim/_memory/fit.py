@@ -132,8 +132,8 @@ class Refusal(Said):
 
 @dataclasses.dataclass(frozen=True)
 class Unreserved(Said):
-    """A region's pages could not be reserved at its creation (slots.NoRoom) although the check let
-    the slots in: something else took the room meanwhile."""
+    """A slot file found no room (slots.NoRoom: its region's pages could not be reserved, or a small
+    member not written) although the check let the slots in: something else took the room meanwhile."""
 
     path: str
     nbytes: int
@@ -142,7 +142,8 @@ class Unreserved(Said):
 
     @property
     def reason(self) -> str:  # type: ignore[override]
-        return f"cannot reserve {mib(self.nbytes)} for {self.path}: {self.error}"
+        size = f" for {mib(self.nbytes)}" if self.nbytes else ""
+        return f"no room{size} at {self.path}: {self.error}"
 
     def fix(self) -> str:
         return (f"room for the slots where they live (df {Path(self.path).parent.parent}, free -m), "

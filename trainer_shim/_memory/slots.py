@@ -16,8 +16,10 @@ waits for; `finalize()` runs on a background thread (async_save.FastSaver).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import errno
+import io
 import mmap
 import os
 from pathlib import Path
@@ -52,7 +54,7 @@ class NoRoom(SlotError):
     ERRNOS = (errno.ENOSPC, errno.ENOMEM, errno.EDQUOT)
 
     def __init__(self, path: Path, nbytes: int, error: str) -> None:
-        super().__init__(path, f"cannot reserve {nbytes} bytes: {error}")
+        super().__init__(path, f"no room for {nbytes} bytes: {error}")
         self.nbytes, self.error = nbytes, error
 
 
@@ -85,15 +87,26 @@ def _layout(tensors: list) -> list:
 
 
 def _write_new(path: Path, obj: Any) -> None:
-    """torch.save into a fresh owner-only file (replacing any old one)."""
+    """torch.save into a fresh owner-only file (replacing any old one); NoRoom when the tmpfs is full,
+    with nothing left behind. Serialized in memory first (skeletons and trainer state are small):
+    torch.save straight into a full tmpfs fails with an opaque RuntimeError and leaves its file."""
+    buf = io.BytesIO()
+    torch.save(obj, buf)
     tmp = path.with_name(path.name + ".new")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        with os.fdopen(fd, "wb", closefd=False) as f:
-            torch.save(obj, f)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            with os.fdopen(fd, "wb", closefd=False) as f, buf.getbuffer() as data:
+                f.write(data)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if e.errno in NoRoom.ERRNOS:
+            raise NoRoom(path, buf.getbuffer().nbytes, describe(e)) from e
+        raise
 
 
 class Staging:
