@@ -48,8 +48,9 @@ class SlotError(ShimError):
 
 
 class NoRoom(SlotError):
-    """A region's pages could not be reserved (ENOSPC, ENOMEM, EDQUOT): the slots do not fit, although
-    the fit check let them in (something else took the room meanwhile)."""
+    """A slot file found no room (ENOSPC, ENOMEM, EDQUOT): its region's pages could not be reserved or
+    a small member not written, although the fit check let the slots in (something else took the
+    room meanwhile). The slots go off for the attempt (saver), never a retry at every snapshot."""
 
     ERRNOS = (errno.ENOSPC, errno.ENOMEM, errno.EDQUOT)
 
