@@ -132,6 +132,8 @@ def status_rows(rep: StatusReport) -> list[tuple[str, str]]:
         rows.append(("mirrored", f"{rep.mirrored['url']} (step {_or_dash(rep.mirrored['step'])}, {fmt_ago(rep.mirrored['at'])})"))
     if rep.memory_slots:
         rows.append(("memory slots", describe_slots(rep.memory_slots, rep.supervisor_alive)))
+    if rep.memory_snapshots_off_reason:
+        rows.append(("memory snapshots", f"off: {rep.memory_snapshots_off_reason}"))
     return rows
 
 

@@ -89,6 +89,8 @@ class StatusReport:
     # the heartbeat's step, which lags `step` (the step mark, written every step) by up to its interval
     heartbeat_step: Optional[int] = None
     loss_step: Optional[int] = None   # the step `loss` was logged at, when a framework logs every N steps
+    # why the trainer's memory snapshots are off for its attempt (the slots did not fit), from its heartbeat
+    memory_snapshots_off_reason: Optional[str] = None
 
     @property
     def healthy(self) -> bool:
@@ -96,8 +98,8 @@ class StatusReport:
 
     def to_json(self) -> dict:
         keys = ("trainer_pids", "state", "supervisor_pid", "child_pid", "trainer_pid", "attempt", "restarts",
-                "heartbeat_age_s", "step", "heartbeat_step", "epoch", "loss", "loss_step", "last_failure", "latest_checkpoint",
-                "save_interval_s", "stop", "mirrored", "memory_slots")
+                "heartbeat_age_s", "step", "heartbeat_step", "epoch", "loss", "loss_step", "last_failure",
+                "latest_checkpoint", "save_interval_s", "stop", "mirrored", "memory_slots", "memory_snapshots_off_reason")
         out = {k: getattr(self, k) for k in keys}
         if self.progress is not None:
             out.update(total_steps=self.progress.total_steps, steps_per_s=self.progress.steps_per_s,
@@ -181,6 +183,7 @@ def read_status(rd: RunDir) -> StatusReport:
         stop=_stop(events) if recorded == RunState.STOPPED else None, mirrored=_mirrored(events),
         memory_slots=_memory_slots(rd), trainer_pid=hb.pid if current and hb is not None else None,
         trainer_pids=_trainer_pids(rd, hb.attempt) if current and hb is not None else None,
+        memory_snapshots_off_reason=hb.memory_snapshots_off_reason if hb else None,
     )
 
 

@@ -92,12 +92,20 @@ def view(buf: Any, e: Entry) -> torch.Tensor:
 
 
 def create(path: Path, entries: list[Entry]) -> mmap.mmap:
-    """A fresh owner-only region file of the right size, mapped MAP_SHARED read-write."""
+    """A fresh owner-only region file of the right size, its pages reserved, mapped MAP_SHARED
+    read-write. OSError (ENOSPC, ENOMEM ...) when the pages cannot be had; no file is left then.
+
+    Reserved, not just sized: a write through the mapping to a page a full tmpfs cannot back is a
+    SIGBUS that kills the process; posix_fallocate makes that an error here instead."""
     tmp = path.with_name(path.name + ".new")
+    n = max(size_of(entries), 1)
     fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        os.ftruncate(fd, max(size_of(entries), 1))
-        mm = mmap.mmap(fd, max(size_of(entries), 1), flags=mmap.MAP_SHARED)
+        os.posix_fallocate(fd, 0, n)
+        mm = mmap.mmap(fd, n, flags=mmap.MAP_SHARED)
+    except BaseException:
+        os.unlink(tmp)
+        raise
     finally:
         os.close(fd)
     os.replace(tmp, path)
@@ -134,7 +142,11 @@ def reuse(path: Path, entries: list[Entry]) -> Optional[mmap.mmap]:
     fd, st = opened
     try:
         n = max(size_of(entries), 1)
-        return mmap.mmap(fd, n, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE) if st.st_size == n else None
+        if st.st_size != n:
+            return None
+        if st.st_blocks * 512 < n:  # holes (a file no create() of ours reserved): back them now or never map it
+            os.posix_fallocate(fd, 0, n)
+        return mmap.mmap(fd, n, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
     except OSError:
         return None
     finally:

@@ -2,7 +2,8 @@
 copies into a free slot (or skips), the HASHER thread copies the optimizer's tensors (late_copy),
 hashes the slot and writes its manifest last; memory_every_steps="auto" measures what each one
 cost training (memory_interval). A mixin: FastSaver provides run, world, slots, the condition `_cv`,
-the in-flight `_job`/`_hashing`, late, auto_memory and the writer's _fill/_fail/_fail_slot/_busy."""
+the in-flight `_job`/`_hashing`, late, auto_memory, `_no_room` (a slot file found no room: the
+slots go off at the next run.step()) and the writer's _fill/_fail/_fail_slot/_busy."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import time
 from typing import Any, Optional
 
 from .late_copy import CHANGED_WHILE_COPIED
+from .slots import NoRoom
+from .._session.messages import describe
 from .writer import low_priority
 from ..rundir import CheckpointKind, Event
 from .._state import capture
@@ -28,6 +31,7 @@ class SnapshotHasher:
     _job: Any
     _hashing: Any
     _closed: bool
+    _no_room: Optional[NoRoom]
     _skip_reported: bool
     _last_step_t: Optional[float]
     _last_memory_step: int
@@ -110,6 +114,8 @@ class SnapshotHasher:
                     self._fail(cap.global_step, CHANGED_WHILE_COPIED)
             except BaseException as e:  # never let the hasher die silently; the slot stays incomplete
                 slot.invalidate()
+                if isinstance(e, OSError) and e.errno in NoRoom.ERRNOS:  # filled up since: slots off at run.step()
+                    self._no_room = NoRoom(slot.path, 0, describe(e))
                 self._fail(cap.global_step, f"memory snapshot: {type(e).__name__}: {e}")
             with self._cv:
                 if ok:

@@ -20,6 +20,11 @@ most one save is in flight:
   one `save_skipped` event per in-flight disk save. N ranks hash on the training thread instead
   (a kill then finds every rank's slot of the step complete: slots are merged by step).
 
+Before an attempt's first slot region is made (its first due snapshot or async save), the slots
+are held against the room they need (fit: slot dir, host memory, memory cgroup); where they do
+not fit, or a region's pages cannot be reserved, the slots are off for the attempt: no memory
+snapshots, synchronous disk saves, one line and a `memory_snapshots_off` event.
+
 Writer failures become `checkpoint_failed` events and a warning at the next run.step();
 training continues. drain() (SIGTERM, finish(), an uncaught exception, interpreter exit) waits
 for the in-flight save, bounded by `grace`.
@@ -40,8 +45,9 @@ from .. import rundir
 from .._session.engine import Trained
 from .._session.messages import describe, say
 from ..errors import CollectiveTimeout
+from . import fit
 from .late_copy import LateCopy
-from .slots import SlotError, Slots, disown_slots, own_slots
+from .slots import NoRoom, SlotError, Slots, disown_slots, own_slots
 from .._restore.from_memory import SlotRestore
 from .hasher import SnapshotHasher
 from .._policies.memory_interval import AutoMemory
@@ -102,6 +108,9 @@ class FastSaver(SnapshotHasher):
         self._skip_reported = False
         self._closed = False
         self._fatal: Optional[BaseException] = None  # the writer group failed: ends the process at run.step()
+        self._fit_checked = False                    # the slots were held against the room they need (fit)
+        self._no_room: Optional[NoRoom] = None       # the writer could not reserve a region: slots off at run.step()
+        self.off: Optional[str] = None               # why the slots are off for this attempt
         # Multi-rank: the writer threads commit together over a gloo group of their own (every rank
         # creates it here, in the same order); the training thread keeps the run's group.
         self.wgroup = distributed.Dist(run.engine.group.timeout) if self.world > 1 and async_save else None
@@ -123,6 +132,9 @@ class FastSaver(SnapshotHasher):
         self.report()
         step = self.run.global_step
         memory_due = self._memory_due(step)
+        if (memory_due or (disk_due and self.async_save)) and not self._fit_checked:
+            self._check_fit()  # before the attempt's first region is made: it may turn both off
+            memory_due = memory_due and self.off is None
         if disk_due and self.async_save:
             # A due memory snapshot is this save's slot (complete once the writer finalizes it).
             with self.run.engine.saves.stall(CheckpointKind.STEP):  # the stall only, not the background write
@@ -143,6 +155,44 @@ class FastSaver(SnapshotHasher):
         if self._fatal is not None:  # the writers' group is unusable after a collective timeout
             raise self._fatal
         self._warn()
+        if self._no_room is not None and self.off is None:
+            self._slots_off(fit.Unreserved(str(self._no_room.path), self._no_room.nbytes, self._no_room.error))
+
+    def _check_fit(self) -> None:
+        """Do the slots fit where their bytes come from (fit: the slot dir, host memory, the memory
+        cgroup)? Measured with the state as it is now, whose optimizer state exists after step 1.
+        One node's ranks share the dir and the memory: their slots are counted together, and if
+        one rank finds them short, all turn them off (their snapshots must hold the same steps)."""
+        self._fit_checked = True
+        need, held, n = self.slots.need(capture.big_members(self.run)), self.slots.held(), len(self.slots.slots)
+        if self.world > 1:
+            shares = self.run.engine.group.all_gather((need, held), "memory snapshot slot sizes")
+            need, held, n = sum(s[0] for s in shares), sum(s[1] for s in shares), n * self.world
+        refusal = fit.check(need, held, n, rundir.SHM_DIR)
+        if self.world > 1:
+            refusal = next((r for r in self.run.engine.group.all_gather(refusal, "slot fit") if r is not None), None)
+        if refusal is not None:
+            self._slots_off(refusal)
+
+    def _slots_off(self, why: "fit.Refusal | fit.Unreserved") -> None:
+        """No slots for the rest of the attempt: no memory snapshots, synchronous disk saves. Said
+        once (a line and an event from rank 0; every rank's heartbeat); the slots are freed once
+        nothing in them is newer than the disk (a restored snapshot's persist finishes first)."""
+        run = self.run
+        why = dataclasses.replace(why, snapshots=bool(self.memory_every or self.auto_memory))
+        self.off, self.memory_every, self.auto_memory, self.async_save = why.reason, None, None, False
+        run.engine.hb.set_memory_snapshots(off=why.reason)
+        if run.rank == 0 or isinstance(why, fit.Unreserved):  # a rank's own failure is said by that rank
+            say(why.line())
+            run.engine.event(Event.MEMORY_SNAPSHOTS_OFF, step=run.global_step, **why.fields())
+        self.drain()
+        if self.world == 1:  # N ranks' slots were merged to disk before the restore
+            try:
+                rundir.persist_newest(run.rd)
+            except (OSError, rundir.ContractError) as err:
+                say(f"warning: cannot persist the memory snapshot: {err}")
+        self.slots.free()
+        disown_slots(run.rd, run.rank if self.world > 1 else 0)
 
     def _warn(self) -> None:
         with self._cv:
@@ -183,6 +233,10 @@ class FastSaver(SnapshotHasher):
             self.slots.filling(idx)
         try:
             self.slots.slots[idx].fill(full.files, self.slots.staging if staged else None, protected)
+        except NoRoom as e:  # the room the fit check saw was taken meanwhile
+            self.slots.slots[idx].invalidate()
+            self._slots_off(fit.Unreserved(str(e.path), e.nbytes, e.error))
+            return None
         except (OSError, RuntimeError, SlotError) as e:
             self._fail_slot(idx, e)
             return None
@@ -244,6 +298,9 @@ class FastSaver(SnapshotHasher):
             self._run_job(job)
         except CollectiveTimeout as e:  # a peer's writer is gone: this process must end too
             self._fatal = e
+            self._fail(job.cap.global_step, str(e))
+        except NoRoom as e:  # this save is lost (as any writer failure); run.step() turns the slots off
+            self._no_room = e
             self._fail(job.cap.global_step, str(e))
         except BaseException as e:  # never let the writer die silently
             self._fail(job.cap.global_step, f"{type(e).__name__}: {e}")

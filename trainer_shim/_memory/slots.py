@@ -16,7 +16,10 @@ waits for; `finalize()` runs on a background thread (async_save.FastSaver).
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import errno
+import io
 import mmap
 import os
 from pathlib import Path
@@ -27,7 +30,7 @@ import torch
 from .._disk import raw_tensors as raw
 from .. import rundir
 from ..errors import ShimError
-from .._session.messages import say
+from .._session.messages import describe, say
 from ..rundir import FileEntry, Manifest
 from .._disk import members
 from .._restore import read
@@ -42,6 +45,32 @@ class SlotError(ShimError):
     def __init__(self, path: Path, reason: str) -> None:
         super().__init__(f"{path}: {reason}")
         self.path = path
+
+
+class NoRoom(SlotError):
+    """A slot file found no room (ENOSPC, ENOMEM, EDQUOT): its region's pages could not be reserved or
+    a small member not written, although the fit check let the slots in (something else took the
+    room meanwhile). The slots go off for the attempt (saver), never a retry at every snapshot."""
+
+    ERRNOS = (errno.ENOSPC, errno.ENOMEM, errno.EDQUOT)
+
+    def __init__(self, path: Path, nbytes: int, error: str) -> None:
+        super().__init__(path, f"no room for {nbytes} bytes: {error}")
+        self.nbytes, self.error = nbytes, error
+
+
+def region_bytes(files: dict[str, Any]) -> int:
+    """What one slot's region files take for `files` (a checkpoint's members): whole pages, as a
+    tmpfs allocates them. The small members (skeletons, RNG state) are the fit check's margin."""
+    total = 0
+    for name in SPLIT:
+        if name in files:
+            tensors: list = []
+            split(files[name], tensors)
+            entries = raw.plan(tensors)
+            if entries is not None:
+                total += -(-max(raw.size_of(entries), 1) // mmap.PAGESIZE) * mmap.PAGESIZE
+    return total
 
 
 def split(obj: Any, out: list) -> Any:
@@ -59,15 +88,26 @@ def _layout(tensors: list) -> list:
 
 
 def _write_new(path: Path, obj: Any) -> None:
-    """torch.save into a fresh owner-only file (replacing any old one)."""
+    """torch.save into a fresh owner-only file (replacing any old one); NoRoom when the tmpfs is full,
+    with nothing left behind. Serialized in memory first (skeletons and trainer state are small):
+    torch.save straight into a full tmpfs fails with an opaque RuntimeError and leaves its file."""
+    buf = io.BytesIO()
+    torch.save(obj, buf)
     tmp = path.with_name(path.name + ".new")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        with os.fdopen(fd, "wb", closefd=False) as f:
-            torch.save(obj, f)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            with os.fdopen(fd, "wb", closefd=False) as f, buf.getbuffer() as data:
+                f.write(data)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if e.errno in NoRoom.ERRNOS:
+            raise NoRoom(path, buf.getbuffer().nbytes, describe(e)) from e
+        raise
 
 
 class Staging:
@@ -225,7 +265,12 @@ class Slot:
         self.created = True
         entries = raw.plan(tensors)
         assert entries is not None  # fill() stores members that cannot be raw whole
-        mm = raw.reuse(tpath, entries) or raw.create(tpath, entries)
+        try:
+            mm = raw.reuse(tpath, entries) or raw.create(tpath, entries)
+        except OSError as e:
+            if e.errno in NoRoom.ERRNOS:
+                raise NoRoom(tpath, raw.size_of(entries), describe(e)) from e
+            raise
         views = [raw.view(mm, e) for e in entries]
         with torch.no_grad():
             for dst, src in zip(views, tensors):
@@ -274,6 +319,15 @@ class Slots:
         self.staging = Staging()
         self.newest: Optional[int] = None  # index of the newest complete slot this process wrote/restored
         self.complete: set[int] = set()    # slots this process knows complete (wrote or restored)
+
+    def need(self, files: dict[str, Any]) -> int:
+        """What this rank's slots take in all when they hold `files`."""
+        return len(self.slots) * region_bytes(files)
+
+    def held(self) -> int:
+        """What this rank's slots hold now: a predecessor's regions, which its snapshots rewrite in place."""
+        mine = {str(s.path) for s in self.slots}
+        return sum(u.bytes for u in rundir.run_slots(self.rd.root, self.rd.node).slots if u.path in mine)
 
     def prepare(self) -> list[tuple[Path, str]]:
         """Every slot ready; (path, reason) of loose ones that were replaced."""

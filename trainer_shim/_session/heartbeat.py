@@ -75,12 +75,17 @@ class Heartbeat:
     def set_save_interval(self, seconds: float) -> None:
         self._fields["save_interval_s"] = round(seconds, 3)
 
-    def set_memory_snapshots(self, *, every: Optional[int] = None, skipped: Optional[int] = None) -> None:
-        """memory_every_steps="auto"'s current interval; the snapshots skipped (one still hashing)."""
+    def set_memory_snapshots(self, *, every: Optional[int] = None, skipped: Optional[int] = None,
+                             off: Optional[str] = None) -> None:
+        """memory_every_steps="auto"'s current interval; the snapshots skipped (one still hashing); why
+        they are off for this attempt (`status` shows it)."""
         if every is not None:
             self._fields["memory_every_steps"] = every
         if skipped is not None:
             self._fields["memory_snapshots_skipped"] = skipped
+        if off is not None:
+            with self._lock:  # a key the beats did not carry yet: not while the writer reads the fields
+                self._fields["memory_snapshots_off_reason"] = off
 
     # --- main-thread side ---------------------------------------------------------------------
 

@@ -99,18 +99,24 @@ def rank_file(rank: int) -> str:
     return f"rank-{rank}.pt"
 
 
-
-def capture(run: Trained, kind: CheckpointKind, exact: bool) -> Capture:
-    """Collect state (CPU tensors by reference, device tensors copied); the write is synchronous."""
-    files: dict[str, Any] = {}
+def big_members(run: Trained) -> dict[str, Any]:
+    """The model and optimizer state dicts this rank saves, their tensors where they live (not
+    copied: what a memory snapshot slot needs is measured on them before any copy exists)."""
+    out: dict[str, Any] = {}
     # Multi-rank: DDP replicas are identical, so each is written once, and by different ranks
     # (model: rank 0, optimizer: the last rank) so the two biggest members are written in
     # parallel. Sharded: every rank's shards go through DCP in the write itself.
     single = run.engine.group.world_size == 1
     if run.model is not None and not run.sharded and (single or run.rank == 0):
-        files[rundir.MODEL_FILE] = to_cpu(run.model.state_dict())
+        out[rundir.MODEL_FILE] = run.model.state_dict()
     if run.optimizer is not None and not run.sharded and (single or run.rank == run.world_size - 1):
-        files[rundir.OPTIMIZER_FILE] = to_cpu(run.optimizer.state_dict())
+        out[rundir.OPTIMIZER_FILE] = run.optimizer.state_dict()
+    return out
+
+
+def capture(run: Trained, kind: CheckpointKind, exact: bool) -> Capture:
+    """Collect state (CPU tensors by reference, device tensors copied); the write is synchronous."""
+    files: dict[str, Any] = {name: to_cpu(state) for name, state in big_members(run).items()}
     stream = run.engine.stream.loader  # kept across epochs: a stateful loader's state matters at epoch ends too
     trainer = {
         "format": rundir.FORMAT_VERSION,

@@ -38,6 +38,10 @@ class Event(str, enum.Enum):
     CHECKPOINT_SAVED = "checkpoint_saved"
     CHECKPOINT_PERSISTED_BY_SUPERVISOR = "checkpoint_persisted_by_supervisor"  # W supervisor: a slot made durable
     SAVE_SKIPPED = "save_skipped"                  # W shim: step, target, reason (a save not taken now)
+    # W shim: the memory snapshot slots do not fit where they would live, so snapshots (and the slots
+    # async saves go through) are off for this attempt: reason, fix, room (slot_dir, host_memory,
+    # memory_cgroup), where, need_bytes, held_bytes, margin_bytes, free_bytes, size_bytes
+    MEMORY_SNAPSHOTS_OFF = "memory_snapshots_off"
     FIRST_STEP = "first_step"                      # W shim: the first run.step() of an attempt (report's timings)
     RESUME_MISMATCH = "resume_mismatch"            # W shim: path, differences, strict
     # W shim: the framework's training began at another step than the checkpoint it was meant to

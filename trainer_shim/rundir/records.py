@@ -67,6 +67,7 @@ class HeartbeatRecord:
     memory_snapshots_skipped: Optional[int] = None  # due memory snapshots skipped (the previous one still hashing)
     memory_every_steps: Optional[int] = None  # the current memory snapshot interval, with memory_every_steps="auto"
     loss_step: Optional[int] = None           # the step `loss` was logged at (a framework logs every N steps)
+    memory_snapshots_off_reason: Optional[str] = None  # why this attempt takes no memory snapshots (slots too big)
 
     def to_json(self) -> dict:
         d = dataclasses.asdict(self)
@@ -104,10 +105,10 @@ _HB_CHECKS: dict[str, Any] = {
                      "memory_every_steps", "loss_step"), lambda v: v is None or _is_int(v)),
     **dict.fromkeys(("loss", "save_interval_s"), lambda v: v is None or _is_num(v)),
     "phase": lambda v: isinstance(v, str),
-    **dict.fromkeys(("time", "resumed_from"), lambda v: v is None or isinstance(v, str)),
+    **dict.fromkeys(("time", "resumed_from", "memory_snapshots_off_reason"), lambda v: v is None or isinstance(v, str)),
 }
 _OMITTED_WHEN_NONE = ("node", "total_steps", "save_interval_s", "memory_snapshots_skipped", "memory_every_steps",
-                      "loss_step")
+                      "loss_step", "memory_snapshots_off_reason")
 
 HEARTBEAT_FIELDS = tuple(f.name for f in dataclasses.fields(HeartbeatRecord) if f.name not in _OMITTED_WHEN_NONE)
 
