@@ -47,7 +47,7 @@ def main() -> None:
         if run.global_step == args.mutate_at:
             torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()},  # serialised now
                        Path(args.run_dir) / "expected.pt")
-            in_flight = run.engine.fast._job is not None
+            in_flight = run.engine.fast.flight.job is not None
             with torch.no_grad():
                 for p in model.parameters():
                     p.mul_(-3.0).add_(7.0)  # in place, right after run.step() returned

@@ -58,7 +58,7 @@ def main() -> None:
         print(json.dumps({"step": run.global_step, "equal": equal}), flush=True)
         run.finish()
         return
-    print(json.dumps({"pipelined": run.engine.fast.late is not None}), flush=True)
+    print(json.dumps({"pipelined": run.engine.fast.hasher.late is not None}), flush=True)
     while run.global_step < args.steps:
         train_step(model, opt, run.global_step)
         run.step()

@@ -157,7 +157,7 @@ def test_memory_auto_measures_its_snapshots_and_the_run_dirs_mtbf(tmp_path):
         "for _ in range(40):\n"
         "    o.zero_grad(); m(torch.randn(4, 1024)).sum().backward(); o.step(); time.sleep(0.02); run.step()\n"
         "fast = run.engine.fast; fast.drain()\n"
-        "a = fast.auto_memory\n"
+        "a = fast.hasher.auto_memory\n"
         "print(json.dumps([a.every, a.cost_s, a.step_s, a.mtbf_s, run.save_every_seconds]))\n"
         "run.engine.hb.write_now()\n"
         "print(json.dumps(json.load(open(run.rd.heartbeat(0)))))\n"

@@ -1,127 +1,192 @@
-"""Memory snapshots, the part of async_save.FastSaver that takes and completes them: run.step()
-copies into a free slot (or skips), the HASHER thread copies the optimizer's tensors (late_copy),
-hashes the slot and writes its manifest last; memory_every_steps="auto" measures what each one
-cost training (memory_interval). A mixin: FastSaver provides run, world, slots, the condition `_cv`,
-the in-flight `_job`/`_hashing`, late, auto_memory, `_no_room` (a slot file found no room: the
-slots go off at the next run.step()) and the writer's _fill/_fail/_fail_slot/_busy."""
+"""Memory snapshots: run.step() copies into a free slot (or skips), the HASHER thread copies the
+optimizer's tensors (late_copy), hashes the slot and writes its manifest last;
+memory_every_steps="auto" measures what each one cost training (memory_interval).
+
+Composed into the saver (saver.FastSaver), not mixed in: both hold the one `InFlight` (the
+condition, the disk save in flight, the snapshot being hashed), and the hasher asks its `Owner` for
+what the saver owns (the slots, filling one, reporting a failure, a slot dir out of room).
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import threading
 import time
-from typing import Any, Optional
+from typing import Any, Optional, Protocol
 
-from .late_copy import CHANGED_WHILE_COPIED
-from .slots import NoRoom
+from .late_copy import CHANGED_WHILE_COPIED, LateCopy
+from .slots import NoRoom, Slots
+from .._policies.memory_interval import AutoMemory
+from .._session.engine import Trained
 from .._session.messages import describe
 from .writer import low_priority
 from ..rundir import CheckpointKind, Event
 from .._state import capture
 
+__all__ = ["InFlight", "Owner", "SnapshotHasher"]
+
+
+@dataclasses.dataclass
+class InFlight:
+    """What the training thread, the hasher and the writer share, under `cv`: at most one disk save
+    (`job`) and one snapshot being hashed (`hashing`: its slot, capture and its copy's stall)."""
+
+    cv: threading.Condition = dataclasses.field(default_factory=threading.Condition)
+    job: Any = None
+    hashing: Optional[tuple[int, capture.Capture, float]] = None
+    closed: bool = False
+
+    def idle(self) -> bool:
+        return self.job is None and self.hashing is None
+
+    def busy_slots(self) -> set[int]:
+        """The slots a save or a hash holds (under `cv`)."""
+        return ({self.job.slot} if self.job is not None else set()) | \
+               ({self.hashing[0]} if self.hashing is not None else set())
+
+
+class Owner(Protocol):
+    """What the hasher asks of the saver it is composed into."""
+
+    run: Trained
+    world: int
+    slots: Slots
+
+    @property
+    def meta(self) -> dict[str, Any]: ...
+    def fill(self, idx: int, kind: CheckpointKind, staged: bool = False,
+             protected: Optional[set[int]] = None) -> Optional[capture.Capture]: ...
+    def fail(self, step: int, error: str, event: bool = True) -> None: ...
+    def fail_slot(self, idx: int, e: BaseException) -> None: ...
+    def out_of_room(self, e: NoRoom) -> None: ...
 
 
 class SnapshotHasher:
-    run: Any
-    world: int
-    slots: Any
-    late: Any
-    auto_memory: Any
-    memory_every: Optional[int]
-    skipped: int
-    _cv: Any
-    _job: Any
-    _hashing: Any
-    _closed: bool
-    _no_room: Optional[NoRoom]
-    _skip_reported: bool
-    _last_step_t: Optional[float]
-    _last_memory_step: int
+    """Takes the due memory snapshots (training thread) and completes them (its own thread)."""
+
+    def __init__(self, owner: Owner, flight: InFlight, memory_every: Optional[int],
+                 auto_memory: Optional[AutoMemory]) -> None:
+        self.owner, self.flight = owner, flight
+        self.memory_every, self.auto_memory = memory_every, auto_memory
+        run = owner.run
+        # the optimizer's tensors are copied on the hasher while the next step computes
+        self.late = LateCopy(flight.cv, run.optimizer) if (memory_every or auto_memory) and \
+            LateCopy.usable(run.optimizer, owner.world) else None
+        self.skipped = 0
+        self._skip_reported = False
+        self._last_step_t: Optional[float] = None
+        self._last_memory_step = -1
+        self.thread = threading.Thread(target=self._hash_loop, daemon=True, name="trainer_shim-snapshot-hash")
+        self.thread.start()
 
     # --- training thread ------------------------------------------------------------------------
 
-    def _memory_due(self, step: int) -> bool:
+    def due(self, step: int) -> bool:
         if self.auto_memory is None:
             return bool(self.memory_every and step % self.memory_every == 0)
         now = time.monotonic()
         if self._last_step_t is not None:
             self._observe_step(now - self._last_step_t)
-            self.run.engine.hb.set_memory_snapshots(every=self.auto_memory.every)
+            self.owner.run.engine.hb.set_memory_snapshots(every=self.auto_memory.every)
         self._last_step_t = now
         return step - self._last_memory_step >= self.auto_memory.every  # a skipped one is retried next step
 
-    def memory_snapshot(self) -> None:
+    def snapshot(self) -> None:
         """One copy into a free slot; the hasher completes it. Skipped when no slot is free."""
-        with self._cv:
-            idx = self.slots.target(self._busy()) if self._hashing is None else None
+        owner, flight = self.owner, self.flight
+        with flight.cv:
+            idx = owner.slots.target(flight.busy_slots()) if flight.hashing is None else None
             if idx is None:
                 self._skip()
                 return
         t0 = time.perf_counter()
-        cap = self._fill(idx, CheckpointKind.STEP, protected=self.late.protected() if self.late else None)
+        cap = owner.fill(idx, CheckpointKind.STEP, protected=self.late.protected() if self.late else None)
         if cap is not None and self.late is not None:
-            self.late.begin(self.slots.slots[idx])
-        if cap is not None and self.world > 1:
+            self.late.begin(owner.slots.slots[idx])
+        if cap is not None and owner.world > 1:
             # N ranks hash on the training thread: a kill then finds every rank's slot of this
             # step complete, and the supervisor merges slots of one step only.
             self._finalize_now(idx, cap)
         elif cap is not None:
             self._last_memory_step = cap.global_step
-            with self._cv:
-                self._hashing = (idx, cap, time.perf_counter() - t0)
+            with flight.cv:
+                flight.hashing = (idx, cap, time.perf_counter() - t0)
                 if self.auto_memory is not None:
                     self.auto_memory.snapshot_started()
-                self._cv.notify_all()
+                flight.cv.notify_all()
+
+    def new_disk_save(self) -> None:
+        """A disk save took a slot: a snapshot skipped for it is reported once again."""
+        self._skip_reported = False
+
+    def stop_snapshots(self) -> bool:
+        """No more snapshots this attempt (the slots went off); whether any were asked for."""
+        asked = bool(self.memory_every or self.auto_memory)
+        self.memory_every = self.auto_memory = None
+        return asked
+
+    def settle(self) -> None:
+        if self.late is not None:
+            self.late.settle()
+
+    def close(self) -> None:
+        if self.late is not None:
+            self.late.close()
 
     def _finalize_now(self, idx: int, cap: capture.Capture) -> None:
+        owner = self.owner
         try:
-            self.slots.slots[idx].finalize(cap, self.meta, self.world)
+            owner.slots.slots[idx].finalize(cap, owner.meta, owner.world)
         except OSError as e:
-            self._fail_slot(idx, e)
+            owner.fail_slot(idx, e)
             return
-        with self._cv:
-            self.slots.done(idx)
+        with self.flight.cv:
+            owner.slots.done(idx)
 
     def _skip(self) -> None:
+        run = self.owner.run
         self.skipped += 1
-        self.run.engine.hb.set_memory_snapshots(skipped=self.skipped)
-        if self._job is not None and not self._skip_reported:  # the writer holds a slot: say so once
+        run.engine.hb.set_memory_snapshots(skipped=self.skipped)
+        if self.flight.job is not None and not self._skip_reported:  # the writer holds a slot: say so once
             self._skip_reported = True
-            self.run.engine.event(Event.SAVE_SKIPPED, step=self.run.global_step, target="memory",
-                                  reason="the writer is still finalizing the other slot")
+            run.engine.event(Event.SAVE_SKIPPED, step=run.global_step, target="memory",
+                             reason="the writer is still finalizing the other slot")
 
     # --- hasher thread ---------------------------------------------------------------------------
 
     def _hash_loop(self) -> None:
         """Complete each filled memory snapshot: copy its late tensors, hash it, write its manifest last."""
         low_priority()
+        owner, flight = self.owner, self.flight
         while True:
-            with self._cv:
-                while self._hashing is None and not self._closed:
-                    self._cv.wait()
-                if self._hashing is None:
+            with flight.cv:
+                while flight.hashing is None and not flight.closed:
+                    flight.cv.wait()
+                if flight.hashing is None:
                     return
-                idx, cap, stall = self._hashing
-            slot, ok, cpu0 = self.slots.slots[idx], False, time.thread_time()
+                idx, cap, stall = flight.hashing
+            slot, ok, cpu0 = owner.slots.slots[idx], False, time.thread_time()
             try:
                 if self.late is not None:
                     self.late.copy()
                 known = slot.hash_tensors()
-                if self.late is None or self.late.verdict(lambda: self._closed):
-                    slot.commit(cap, self.meta, self.world, known)
+                if self.late is None or self.late.verdict(lambda: flight.closed):
+                    slot.commit(cap, owner.meta, owner.world, known)
                     ok = True
                     self._hashed(slot, stall, time.thread_time() - cpu0)
                 else:
                     slot.invalidate()
-                    self._fail(cap.global_step, CHANGED_WHILE_COPIED)
+                    owner.fail(cap.global_step, CHANGED_WHILE_COPIED)
             except BaseException as e:  # never let the hasher die silently; the slot stays incomplete
                 slot.invalidate()
                 if isinstance(e, OSError) and e.errno in NoRoom.ERRNOS:  # filled up since: slots off at run.step()
-                    self._no_room = NoRoom(slot.path, 0, describe(e))
-                self._fail(cap.global_step, f"memory snapshot: {type(e).__name__}: {e}")
-            with self._cv:
+                    owner.out_of_room(NoRoom(slot.path, 0, describe(e)))
+                owner.fail(cap.global_step, f"memory snapshot: {type(e).__name__}: {e}")
+            with flight.cv:
                 if ok:
-                    self.slots.done(idx)
-                self._hashing = None
-                self._cv.notify_all()
+                    owner.slots.done(idx)
+                flight.hashing = None
+                flight.cv.notify_all()
 
     def _hashed(self, slot: Any, stall: float, cpu: float) -> None:
         """Hasher: the snapshot is complete; its cost is settled at the next run.step() (_observe_step)."""
@@ -130,10 +195,6 @@ class SnapshotHasher:
 
     def _observe_step(self, seconds: float) -> None:
         assert self.auto_memory is not None
-        with self._cv:
-            hashing, writing = self._hashing is not None, self._job is not None
+        with self.flight.cv:
+            hashing, writing = self.flight.hashing is not None, self.flight.job is not None
         self.auto_memory.observe_step(seconds, busy=hashing or writing, hashing=hashing)
-
-    def _settle(self) -> None:
-        if self.late is not None:
-            self.late.settle()

@@ -46,10 +46,9 @@ from .._session.engine import Trained
 from .._session.messages import describe, say
 from ..errors import CollectiveTimeout
 from . import fit
-from .late_copy import LateCopy
 from .slots import NoRoom, SlotError, Slots, disown_slots, own_slots
 from .._restore.from_memory import SlotRestore
-from .hasher import SnapshotHasher
+from .hasher import InFlight, SnapshotHasher
 from .._policies.memory_interval import AutoMemory
 from .._policies.save_interval import AUTO, mtbf_for
 from .writer import serve, stop
@@ -71,7 +70,7 @@ class _Job:
 N_RANKS_EVERY = 10  # memory_every_steps="auto" with N ranks (no per-rank tuning: their steps must match)
 
 
-class FastSaver(SnapshotHasher):
+class FastSaver:
     """Owned by a Run's engine (`engine.fast`); see the module docstring for the policy."""
 
     def __init__(self, run: Trained, save_now: Callable[[CheckpointKind], Any], *, async_save: bool,
@@ -82,31 +81,20 @@ class FastSaver(SnapshotHasher):
         self.async_save = async_save
         self.grace = grace
         self.world = run.engine.group.world_size
-        self.auto_memory: Optional[AutoMemory] = None
+        auto_memory: Optional[AutoMemory] = None
         if memory_every == AUTO:  # Young/Daly from each snapshot's cost (memory_interval)
-            self.auto_memory = AutoMemory(mtbf_for(run.rd, run.options.mtbf_hours))
-            run.engine.hb.set_memory_snapshots(every=self.auto_memory.every)
-        self.memory_every = memory_every if isinstance(memory_every, int) else None
-        self._last_step_t: Optional[float] = None
-        self._last_memory_step = -1
+            auto_memory = AutoMemory(mtbf_for(run.rd, run.options.mtbf_hours))
+            run.engine.hb.set_memory_snapshots(every=auto_memory.every)
         self.slots = Slots(run.rd, run.rank if self.world > 1 else 0)
         for path, why in self.slots.prepare():  # SlotError: the caller turns fast saves off
             say(f"warning: memory snapshot {path} not trusted ({why}); replaced")
             run.engine.event(Event.CHECKPOINT_REJECTED, path=str(path), reason=f"memory snapshot not trusted: {why}")
         own_slots(run.rd, run.rank if self.world > 1 else 0)
-        self._cv = threading.Condition()
-        # memory snapshots copy the optimizer's tensors on the hasher while the next step computes
-        self.late = LateCopy(self._cv, run.optimizer) if memory_every and LateCopy.usable(run.optimizer, self.world) \
-            else None
-        self._job: Optional[_Job] = None
-        self._hashing: Optional[tuple[int, capture.Capture, float]] = None  # (slot, snapshot, its copy's stall)
-        self.skipped = 0
+        self.flight = InFlight()   # the save in flight and the snapshot being hashed, under one condition
         self.committed_step: Optional[int] = None   # newest step the writer thread committed to disk
         if memory_every:
             run.engine.hb.set_memory_snapshots(skipped=0)  # present from the start: beats never see the dict grow
         self._warnings: list[str] = []
-        self._skip_reported = False
-        self._closed = False
         self._fatal: Optional[BaseException] = None  # the writer group failed: ends the process at run.step()
         self._fit_checked = False                    # the slots were held against the room they need (fit)
         self._no_room: Optional[NoRoom] = None       # the writer could not reserve a region: slots off at run.step()
@@ -116,8 +104,8 @@ class FastSaver(SnapshotHasher):
         self.wgroup = distributed.Dist(run.engine.group.timeout) if self.world > 1 and async_save else None
         self._thread = threading.Thread(target=self._loop, daemon=True, name="trainer_shim-async-save")
         self._thread.start()
-        self._hasher = threading.Thread(target=self._hash_loop, daemon=True, name="trainer_shim-snapshot-hash")
-        self._hasher.start()
+        self.hasher = SnapshotHasher(self, self.flight, memory_every if isinstance(memory_every, int) else None,
+                                     auto_memory)
         atexit.register(self.drain)
 
     @property
@@ -128,10 +116,10 @@ class FastSaver(SnapshotHasher):
 
     def on_step(self, disk_due: bool) -> None:
         """run.step(): report writer failures, then take what is due."""
-        self._settle()
+        self.hasher.settle()
         self.report()
         step = self.run.global_step
-        memory_due = self._memory_due(step)
+        memory_due = self.hasher.due(step)
         if (memory_due or (disk_due and self.async_save)) and not self._fit_checked:
             self._check_fit()  # before the attempt's first region is made: it may turn both off
             memory_due = memory_due and self.off is None
@@ -146,7 +134,7 @@ class FastSaver(SnapshotHasher):
         # crash loop (poisoned).
         if memory_due:
             with self.run.engine.saves.stall(CheckpointKind.STEP, event=False):
-                self.memory_snapshot()
+                self.hasher.snapshot()
         if disk_due:
             self.save_now(CheckpointKind.STEP)
 
@@ -179,8 +167,8 @@ class FastSaver(SnapshotHasher):
         once (a line and an event from rank 0; every rank's heartbeat); the slots are freed once
         nothing in them is newer than the disk (a restored snapshot's persist finishes first)."""
         run = self.run
-        why = dataclasses.replace(why, snapshots=bool(self.memory_every or self.auto_memory))
-        self.off, self.memory_every, self.auto_memory, self.async_save = why.reason, None, None, False
+        why = dataclasses.replace(why, snapshots=self.hasher.stop_snapshots())
+        self.off, self.async_save = why.reason, False
         run.engine.hb.set_memory_snapshots(off=why.reason)
         if run.rank == 0 or isinstance(why, fit.Unreserved):  # a rank's own failure is said by that rank
             say(why.line())
@@ -195,7 +183,7 @@ class FastSaver(SnapshotHasher):
         disown_slots(run.rd, run.rank if self.world > 1 else 0)
 
     def _warn(self) -> None:
-        with self._cv:
+        with self.flight.cv:
             msgs, self._warnings = self._warnings, []
         for m in msgs:
             say(m)
@@ -207,12 +195,12 @@ class FastSaver(SnapshotHasher):
         if existing is not None:
             run.engine.retention.upgrade_kind(existing, kind)
             return
-        self._settle()
-        with self._cv:
-            while self._job is not None or self._hashing is not None:  # one in flight: a due disk save waits
-                self._cv.wait()
+        self.hasher.settle()
+        with self.flight.cv:
+            while not self.flight.idle():  # one in flight: a due disk save waits
+                self.flight.cv.wait()
             idx = self.slots.target(set())
-        cap = self._fill(idx, kind, staged=True) if idx is not None else None
+        cap = self.fill(idx, kind, staged=True) if idx is not None else None
         ok = cap is not None
         if self.world > 1:  # every rank's writer takes part in the commit, or none does
             ok = not run.engine.group.agree(not ok, False)[0]
@@ -221,15 +209,11 @@ class FastSaver(SnapshotHasher):
             return
         self._submit(_Job(idx, cap, persist=True, staged=True))
 
-    def _busy(self) -> set[int]:
-        return ({self._job.slot} if self._job is not None else set()) | \
-               ({self._hashing[0]} if self._hashing is not None else set())
-
-    def _fill(self, idx: int, kind: CheckpointKind, staged: bool = False,
+    def fill(self, idx: int, kind: CheckpointKind, staged: bool = False,
               protected: Optional[set[int]] = None) -> Optional[capture.Capture]:
         run = self.run
         full = capture.capture(run, kind, True)
-        with self._cv:
+        with self.flight.cv:
             self.slots.filling(idx)
         try:
             self.slots.slots[idx].fill(full.files, self.slots.staging if staged else None, protected)
@@ -238,40 +222,43 @@ class FastSaver(SnapshotHasher):
             self._slots_off(fit.Unreserved(str(e.path), e.nbytes, e.error))
             return None
         except (OSError, RuntimeError, SlotError) as e:
-            self._fail_slot(idx, e)
+            self.fail_slot(idx, e)
             return None
         return dataclasses.replace(full, files={}, background=True)
 
-    def _fail_slot(self, idx: int, e: BaseException) -> None:
+    def fail_slot(self, idx: int, e: BaseException) -> None:
         path = self.slots.slots[idx].path
         self.slots.slots[idx].invalidate()
         self.run.engine.reporter.checkpoint_failed(path, self.run.global_step, describe(e), what="memory snapshot")
 
+    def out_of_room(self, e: NoRoom) -> None:
+        """A writer or the hasher found the slot dir full: the slots go off at the next run.step()."""
+        self._no_room = e
+
     def _submit(self, job: _Job) -> None:
-        with self._cv:
-            self._job = job
-            self._skip_reported = False
-            self._cv.notify_all()
+        with self.flight.cv:
+            self.flight.job = job
+            self.hasher.new_disk_save()
+            self.flight.cv.notify_all()
 
     def drain(self, timeout: Optional[float] = None) -> bool:
         """Wait for the in-flight save and snapshot hash (bounded); True when nothing is in flight any more."""
         deadline = time.monotonic() + (self.grace if timeout is None else timeout)
-        self._settle()
-        with self._cv:
-            while self._job is not None or self._hashing is not None:
+        self.hasher.settle()
+        with self.flight.cv:
+            while not self.flight.idle():
                 left = deadline - time.monotonic()
-                if left <= 0 or not (self._thread.is_alive() and self._hasher.is_alive()):
+                if left <= 0 or not (self._thread.is_alive() and self.hasher.thread.is_alive()):
                     return False
-                self._cv.wait(left)
+                self.flight.cv.wait(left)
         self._warn()
         return True
 
     def close(self, free: bool) -> None:
         """finish(): wait for the writer; free the slots when the run's newest state is on disk."""
         self.drain()
-        stop(self._cv, self._mark_closed, (self._thread, self._hasher), self.grace)
-        if self.late is not None:
-            self.late.close()
+        stop(self.flight.cv, self._mark_closed, (self._thread, self.hasher.thread), self.grace)
+        self.hasher.close()
         atexit.unregister(self.drain)
         if free:
             self.slots.free()
@@ -291,25 +278,25 @@ class FastSaver(SnapshotHasher):
     # --- writer thread ---------------------------------------------------------------------------
 
     def _loop(self) -> None:
-        serve(self._cv, lambda: self._job, lambda: self._closed, self._run_reported, self._job_done)
+        serve(self.flight.cv, lambda: self.flight.job, lambda: self.flight.closed, self._run_reported, self._job_done)
 
     def _run_reported(self, job: _Job) -> None:
         try:
             self._run_job(job)
         except CollectiveTimeout as e:  # a peer's writer is gone: this process must end too
             self._fatal = e
-            self._fail(job.cap.global_step, str(e))
+            self.fail(job.cap.global_step, str(e))
         except NoRoom as e:  # this save is lost (as any writer failure); run.step() turns the slots off
-            self._no_room = e
-            self._fail(job.cap.global_step, str(e))
+            self.out_of_room(e)
+            self.fail(job.cap.global_step, str(e))
         except BaseException as e:  # never let the writer die silently
-            self._fail(job.cap.global_step, f"{type(e).__name__}: {e}")
+            self.fail(job.cap.global_step, f"{type(e).__name__}: {e}")
 
     def _job_done(self) -> None:
-        self._job = None
+        self.flight.job = None
 
     def _mark_closed(self) -> None:
-        self._closed = True
+        self.flight.closed = True
 
     def _run_job(self, job: _Job) -> None:
         slot = self.slots.slots[job.slot]
@@ -319,7 +306,7 @@ class FastSaver(SnapshotHasher):
             info = rundir.inspect_checkpoint(slot.path)
         else:
             info = CheckpointInfo(slot.path, slot.finalize(job.cap, self.meta, self.world))
-            with self._cv:
+            with self.flight.cv:
                 self.slots.done(job.slot)
         if job.persist:
             self._persist(job, info)
@@ -345,17 +332,17 @@ class FastSaver(SnapshotHasher):
 
         outcome = saving.save_capture(run, job.cap, self.wgroup, copy)
         if outcome.error is not None:  # each root's failure is an event already (background: true)
-            self._fail(job.cap.global_step, outcome.error, event=False)
+            self.fail(job.cap.global_step, outcome.error, event=False)
         elif outcome.committed:
             run.engine.last_size = outcome.nbytes
             self.committed_step = job.cap.global_step   # the Run reads it (Run.checkpoint_step)
             run.engine.hb.set_checkpoint(job.cap.global_step)
 
-    def _fail(self, step: int, error: str, event: bool = True) -> None:
+    def fail(self, step: int, error: str, event: bool = True) -> None:
         """Writer or hasher thread: the event now, the warning at the next run.step()."""
         line = self.run.engine.reporter.checkpoint_failed(self.run.rd.checkpoints / rundir.checkpoint_name(step), step,
                                                           error, background=True, event=event, now=False)
-        with self._cv:
+        with self.flight.cv:
             self._warnings.append(line)
 
 
