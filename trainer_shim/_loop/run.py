@@ -91,6 +91,9 @@ class Run:
             self._checkpoint_step = restored.checkpoint_step
             self._disk_save()   # a resumed run keeps the checkpoint it stands on until it has saved one
             self.engine.retention.resumed_step = restored.global_step
+            from .._trackers import point   # a SummaryWriter opened from now on purges the dead attempt's steps
+
+            point.set_resumed(restored.global_step, restored.global_step + 1)   # run.step() counts, then logs
         self.engine.provenance.settle()   # every later manifest records it (a fresh start had no resume check)
         self.session.mark.set(self.global_step)
         # Second "starting" beat: the supervisor learns what was actually restored (after any fallback).
