@@ -23,7 +23,7 @@ _TARGETS = {
     "transformers.trainer": f"{_AUTO}:patch_hf",
     "lightning.pytorch.trainer.trainer": f"{_AUTO}:patch_lightning",
     "pytorch_lightning.trainer.trainer": f"{_AUTO}:patch_lightning",
-    # trackers (issue 40): a restarted run reads as one run
+    # trackers: a restarted run reads as one run
     "torch.utils.tensorboard.writer": _TB,
     "tensorboardX.writer": _TB,
     "mlflow.tracking.fluent": "trainer_shim._trackers.mlflow_run:patch",

@@ -1,4 +1,4 @@
-"""Experiment trackers across attempts: a restarted run reads as one run (issue 40).
+"""Experiment trackers across attempts: a restarted run reads as one run.
 
 Loaded only by the auto-attach bootstrap, when a job imports a tracker: a job that never does
 loads nothing of this room. Every patch here fails open: an error costs one warning line, never

@@ -54,15 +54,15 @@ def patch(module: Any) -> None:
 
 def _start(orig: Any, args: tuple, kwargs: dict, arguments: dict) -> Any:
     """orig(...); when the run id we set cannot be continued, a run of its own after one warning."""
+    ours = os.environ.get(ENV_MLFLOW_RUN_ID) if ENV_MLFLOW_RUN_ID in point.env().trackers else None
     try:
         return orig(*args, **kwargs)
     except Exception as e:
-        ours = ENV_MLFLOW_RUN_ID in point.env().trackers and arguments.get("run_id") is None
-        if not ours or not os.environ.get(ENV_MLFLOW_RUN_ID):
+        if not ours or arguments.get("run_id") is not None:
             raise
-        say(f"warning: trackers: the MLflow run of the first attempt ({os.environ[ENV_MLFLOW_RUN_ID]}) cannot be "
-            f"continued ({describe(e)}); this attempt starts a run of its own")
-        del os.environ[ENV_MLFLOW_RUN_ID]
+        say(f"warning: trackers: the MLflow run of the first attempt ({ours}) cannot be continued "
+            f"({describe(e)}); this attempt starts a run of its own")
+        os.environ.pop(ENV_MLFLOW_RUN_ID, None)   # MLflow removes it once read; be sure it is gone
         return orig(*args, **kwargs)
 
 

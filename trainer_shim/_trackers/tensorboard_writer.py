@@ -11,7 +11,6 @@ Lightning's TensorBoardLogger build one of the two) continued across attempts.
 
 from __future__ import annotations
 
-import datetime
 import functools
 import inspect
 import os
@@ -19,7 +18,7 @@ import socket
 from pathlib import Path
 from typing import Any, Optional
 
-from ..rundir import TB_LOGDIR, claim, is_default_logdir
+from ..rundir import TB_LOGDIR, claim, default_logdir, is_default_logdir
 from .._session.messages import describe, say
 from . import point
 
@@ -74,7 +73,7 @@ def _shared_logdir(given: Optional[Any], comment: str) -> Optional[str]:
     if rd is None or comment:
         return None
     if given is None:   # what torch and tensorboardX would make, made here so that it can be recorded
-        given = os.path.join("runs", datetime.datetime.now().strftime("%b%d_%H-%M-%S") + "_" + host)
+        given = default_logdir(host)
     elif not is_default_logdir(os.fspath(given), host):
         return None
     mine = os.path.abspath(os.fspath(given))

@@ -17,6 +17,7 @@ The supervisor reads and writes these only through this module and never imports
 
 from __future__ import annotations
 
+import datetime
 import os
 import re
 import secrets
@@ -29,7 +30,7 @@ from .env import ENV_TRACKERS
 
 __all__ = ["ENV_WANDB_RUN_ID", "ENV_WANDB_RESUME", "ENV_MLFLOW_RUN_ID", "WANDB_RESUME_ALLOW", "TRACKERS_DIR",
            "WANDB_ID", "MLFLOW_ID", "TB_LOGDIR", "recorded", "claim", "tracker_environ",
-           "resume_tag", "is_default_logdir"]
+           "resume_tag", "default_logdir", "is_default_logdir"]
 
 # The trackers' own variables (set by the supervisor for the job; read by W&B and MLflow themselves).
 ENV_WANDB_RUN_ID = "WANDB_RUN_ID"
@@ -45,6 +46,7 @@ TB_LOGDIR = "tensorboard_logdir"
 # W&B run ids: its own default alphabet and length (8 of [a-z0-9]).
 _ID_CHARS = string.ascii_lowercase + string.digits
 
+_RUNS = "runs"
 # torch's, tensorboardX's and HF's default log dir name: runs/<Mon>DD_HH-MM-SS_<hostname> (no comment).
 _DEFAULT_LOGDIR = re.compile(r"^[A-Z][a-z]{2}\d{2}_\d{2}-\d{2}-\d{2}_(.+)$")
 
@@ -109,8 +111,13 @@ def resume_tag(attempt: int) -> str:
     return f"resilient.resume.attempt-{attempt}"
 
 
+def default_logdir(host: str) -> str:
+    """The log dir torch's and tensorboardX's SummaryWriter() would make now (relative to the cwd)."""
+    return os.path.join(_RUNS, datetime.datetime.now().strftime("%b%d_%H-%M-%S") + "_" + host)
+
+
 def is_default_logdir(path: str, host: str) -> bool:
     """Whether `path` is named as a SummaryWriter's (or HF's) default log dir on `host`: runs/<date>_<host>."""
     p = Path(path)
     m = _DEFAULT_LOGDIR.match(p.name)
-    return p.parent.name == "runs" and m is not None and m.group(1) == host
+    return p.parent.name == _RUNS and m is not None and m.group(1) == host
