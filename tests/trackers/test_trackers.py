@@ -6,7 +6,8 @@ steps, so attempts 2 and 3 resume from steps 10 and 20 and relog 11-12 and 21-23
   * a raw loop logging one scalar per step to torch's SummaryWriter (default log dir), tensorboardX's,
     W&B (offline) and MLflow, twice side by side: its writers opened after init() (the restore says
     where the attempt stands) and before it (the supervisor's choice in the environment says it);
-  * a zero-code HF Trainer job with report_to=["tensorboard"] (a new default log dir at every start).
+  * a zero-code HF Trainer job with report_to=["tensorboard"] (a new default log dir at every start);
+  * a Lightning job with a TensorBoardLogger without a version (the next version_N at every start).
 And in one process each: a user's own settings and purge_step are kept, --no-auto-attach sets
 nothing, and an MLflow run that cannot be continued costs one warning line, not the training.
 """
@@ -110,6 +111,17 @@ def test_a_zero_code_hf_job_reporting_to_tensorboard_killed_twice_logs_each_step
     logdir = _one_logdir(run / "runs")   # HF's output_dir/runs/<date>_<host>: the first attempt's
     assert len(list(logdir.glob("events.out.tfevents.*"))) == 3
     assert _steps(logdir, "train/loss") == list(range(1, 37))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("lightning") is None, reason="lightning not installed")
+def test_a_lightning_job_with_a_tensorboard_logger_killed_twice_logs_each_step_once(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    p = start_cli("run", "--run-dir", str(run), *FAST, str(HERE / "lightning_tracker_job.py"), str(tmp_path / "tb"),
+                  env=sup_env(TRACKER_KILLS=KILLS), cwd=tmp_path)
+    _finish(p, run)
+    logdir = _one_logdir(tmp_path / "tb" / "lightning_logs")   # version_0: the first attempt's version
+    assert logdir.name == "version_0" and len(list(logdir.glob("events.out.tfevents.*"))) == 3
+    assert _steps(logdir, "loss") == list(range(30))   # Lightning logs a step before counting it: 0-29
 
 
 # --- one process each: what is kept, what is left alone, what fails open -----------------------

@@ -19,6 +19,7 @@ import sys
 # module whose execution defines what is patched -> the patch function (module:function in trainer_shim)
 _AUTO = "trainer_shim.integrations._autoattach"
 _TB = "trainer_shim._trackers.tensorboard_writer:patch"
+_PL_TB = "trainer_shim._trackers.lightning_logger:patch"
 _TARGETS = {
     "transformers.trainer": f"{_AUTO}:patch_hf",
     "lightning.pytorch.trainer.trainer": f"{_AUTO}:patch_lightning",
@@ -27,6 +28,10 @@ _TARGETS = {
     "torch.utils.tensorboard.writer": _TB,
     "tensorboardX.writer": _TB,
     "mlflow.tracking.fluent": "trainer_shim._trackers.mlflow_run:patch",
+    "lightning.pytorch.loggers.tensorboard": _PL_TB,
+    "lightning.fabric.loggers.tensorboard": _PL_TB,
+    "pytorch_lightning.loggers.tensorboard": _PL_TB,
+    "lightning_fabric.loggers.tensorboard": _PL_TB,
 }
 _HERE = os.path.dirname(os.path.abspath(__file__))
 # The shim's root (the dir holding trainer_shim/): appended to sys.path only if a job's own

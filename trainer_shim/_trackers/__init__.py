@@ -10,6 +10,7 @@ Modules:
                         logs (set by the raw loop and the callbacks; else read from the environment)
     tensorboard_writer  SummaryWriter (torch's, tensorboardX's): purge_step at a resume, and one
                         default log dir for all attempts
+    lightning_logger    Lightning's TensorBoardLogger: the first attempt's version_N for all attempts
     mlflow_run          mlflow.start_run: the first attempt's run recorded in the run dir, each
                         resume tagged with its step
 """

@@ -128,7 +128,7 @@ _EXPORTS: dict[str, str] = {
     ),
     "mount_table": "fs_type mounts",
     "trackers": (
-        "ENV_MLFLOW_RUN_ID ENV_WANDB_RESUME ENV_WANDB_RUN_ID MLFLOW_ID TB_LOGDIR TRACKERS_DIR WANDB_ID "
+        "ENV_MLFLOW_RUN_ID ENV_WANDB_RESUME ENV_WANDB_RUN_ID MLFLOW_ID TB_LOGDIR TB_VERSION TRACKERS_DIR WANDB_ID "
         "WANDB_RESUME_ALLOW claim default_logdir is_default_logdir recorded resume_tag tracker_environ"
     ),
     "slot_memory": (

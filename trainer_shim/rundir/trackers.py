@@ -11,6 +11,8 @@ by whoever comes first: an atomic create, so two nodes or two ranks cannot disag
   ``mlflow.start_run``); later attempts get MLFLOW_RUN_ID, unless the user set it.
 * ``tensorboard_logdir``: the first attempt's default log dir (torch's and HF's
   ``runs/<date>_<host>`` is made anew at every start); later attempts write into it.
+* ``tensorboard_version``: the first attempt's Lightning TensorBoardLogger version (``version_N``,
+  the next free one at every start) and its root; later attempts' loggers of that root take it.
 
 The supervisor reads and writes these only through this module and never imports a tracker.
 """
@@ -29,7 +31,7 @@ from typing import Optional, Protocol
 from .env import ENV_TRACKERS
 
 __all__ = ["ENV_WANDB_RUN_ID", "ENV_WANDB_RESUME", "ENV_MLFLOW_RUN_ID", "WANDB_RESUME_ALLOW", "TRACKERS_DIR",
-           "WANDB_ID", "MLFLOW_ID", "TB_LOGDIR", "recorded", "claim", "tracker_environ",
+           "WANDB_ID", "MLFLOW_ID", "TB_LOGDIR", "TB_VERSION", "recorded", "claim", "tracker_environ",
            "resume_tag", "default_logdir", "is_default_logdir"]
 
 # The trackers' own variables (set by the supervisor for the job; read by W&B and MLflow themselves).
@@ -42,6 +44,7 @@ TRACKERS_DIR = "trackers"
 WANDB_ID = "wandb_run_id"
 MLFLOW_ID = "mlflow_run_id"
 TB_LOGDIR = "tensorboard_logdir"
+TB_VERSION = "tensorboard_version"   # "<version> <root>": a Lightning TensorBoardLogger's first version
 
 # W&B run ids: its own default alphabet and length (8 of [a-z0-9]).
 _ID_CHARS = string.ascii_lowercase + string.digits
