@@ -44,3 +44,24 @@ def test_default_log_dirs_are_told_from_chosen_ones() -> None:
     assert not is_default_logdir("out/runs/Dec07_21-58-01_vm_eval", "vm")   # a comment: its own writer
     assert not is_default_logdir("out/logs/Dec07_21-58-01_vm", "vm")
     assert not is_default_logdir("runs/my-experiment", "vm")
+
+
+def test_where_an_attempt_stands_from_the_shim_else_from_the_supervisors_choice(monkeypatch, tmp_path: Path) -> None:
+    import importlib
+
+    from trainer_shim._trackers import point
+
+    point = importlib.reload(point)   # this process's own: nothing said yet
+    monkeypatch.setenv("RESILIENT_ATTEMPT", "1")
+    monkeypatch.delenv("RESILIENT_RESUME_FROM", raising=False)
+    assert point.current().first_step is None   # a first attempt has nothing to purge
+    monkeypatch.setenv("RESILIENT_ATTEMPT", "3")
+    monkeypatch.setenv("RESILIENT_RESUME_FROM", str(tmp_path / "checkpoints" / "step-00000020"))
+    assert point.current() == point.Point(3, 20, 21)   # before init(): the supervisor's choice
+    monkeypatch.setenv("RESILIENT_RESUME_FROM", "none")
+    assert point.current() == point.Point(3, None, 0)   # a later attempt starting over relogs from 0
+    point.set_resumed(15, 15)   # what the shim restored wins (Lightning: its first logged step is 15)
+    assert point.current() == point.Point(3, 15, 15)
+    point.set_fresh()
+    assert point.current() == point.Point(3, None, 0)
+    importlib.reload(point)
