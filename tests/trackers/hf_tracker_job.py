@@ -1,5 +1,6 @@
 """A zero-code HF Trainer job (no resilient-run code) that reports to TensorBoard in its default
-log dir (output_dir/runs/<date>_<host>, made anew at every start).
+log dir (output_dir/runs/<date>_<host>, made anew at every start), and to the trackers
+TRACKER_REPORT_TO names (comma-separated; default: tensorboard).
 
 TRACKER_KILLS="1:12,2:23": SIGKILL at the end of that global step in that attempt.
 """
@@ -27,5 +28,5 @@ class Kill(TrainerCallback):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-trainer = build(sys.argv[1], callbacks=[Kill()], report_to=["tensorboard"])
+trainer = build(sys.argv[1], callbacks=[Kill()], report_to=os.environ.get("TRACKER_REPORT_TO", "tensorboard").split(","))
 trainer.train()

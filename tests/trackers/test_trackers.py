@@ -6,7 +6,8 @@ steps, so attempts 2 and 3 resume from steps 10 and 20 and relog 11-12 and 21-23
   * a raw loop logging one scalar per step to torch's SummaryWriter (default log dir), tensorboardX's,
     W&B (offline) and MLflow, twice side by side: its writers opened after init() (the restore says
     where the attempt stands) and before it (the supervisor's choice in the environment says it);
-  * a zero-code HF Trainer job with report_to=["tensorboard"] (a new default log dir at every start);
+  * a zero-code HF Trainer job with report_to=["tensorboard", "wandb", "mlflow"] (TensorBoard: a new
+    default log dir at every start; W&B and MLflow through HF's own callbacks);
   * a Lightning job with a TensorBoardLogger without a version (the next version_N at every start).
 And in one process each: a user's own settings and purge_step are kept, --no-auto-attach sets
 nothing, and an MLflow run that cannot be continued costs one warning line, not the training.
@@ -83,15 +84,19 @@ def test_a_raw_loop_killed_twice_reads_as_one_run(tmp_path: Path) -> None:
         assert len(list(tb.glob("events.out.tfevents.*"))) == 3
         for logdir in (tb, cwd / "tbx"):
             assert _steps(logdir, "loss") == list(range(1, 31)), (name, logdir)
-        # W&B: the three attempts' offline runs carry the one id the run dir holds.
-        offline = sorted(p.name for p in (cwd / "wandb").glob("offline-run-*"))
-        wandb_id = recorded(RunDir(run), WANDB_ID)
-        assert len(offline) == 3 and {n.rsplit("-", 1)[1] for n in offline} == {wandb_id}, (offline, wandb_id)
-        # MLflow: one run, finished, each resume tagged with its step.
-        [found] = _mlflow_runs(cwd / "mlruns")
-        assert found.info.run_id == recorded(RunDir(run), MLFLOW_ID) and found.info.status == "FINISHED"
-        tags = {k: v for k, v in found.data.tags.items() if k.startswith("resilient.")}
-        assert tags == {resume_tag(2): "10", resume_tag(3): "20"}, tags
+        _one_wandb_and_mlflow_run(cwd, run)
+
+
+def _one_wandb_and_mlflow_run(cwd: Path, run: Path) -> None:
+    # W&B: the three attempts' offline runs carry the one id the run dir holds.
+    offline = sorted(p.name for p in (cwd / "wandb").glob("offline-run-*"))
+    wandb_id = recorded(RunDir(run), WANDB_ID)
+    assert len(offline) == 3 and {n.rsplit("-", 1)[1] for n in offline} == {wandb_id}, (offline, wandb_id)
+    # MLflow: one run, finished, each resume tagged with its step.
+    [found] = _mlflow_runs(cwd / "mlruns")
+    assert found.info.run_id == recorded(RunDir(run), MLFLOW_ID) and found.info.status == "FINISHED"
+    tags = {k: v for k, v in found.data.tags.items() if k.startswith("resilient.")}
+    assert tags == {resume_tag(2): "10", resume_tag(3): "20"}, tags
 
 
 def _mlflow_runs(store: Path) -> list:
@@ -103,14 +108,15 @@ def _mlflow_runs(store: Path) -> list:
 
 
 @pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="transformers not installed")
-def test_a_zero_code_hf_job_reporting_to_tensorboard_killed_twice_logs_each_step_once(tmp_path: Path) -> None:
+def test_a_zero_code_hf_job_reporting_to_the_trackers_killed_twice_reads_as_one_run(tmp_path: Path) -> None:
     run = tmp_path / "run"
     p = start_cli("run", "--run-dir", str(run), *FAST, str(HERE / "hf_tracker_job.py"), str(run),
-                  env=sup_env(TRACKER_KILLS=KILLS), cwd=tmp_path)
+                  env=_offline_env(tmp_path, TRACKER_REPORT_TO="tensorboard,wandb,mlflow"), cwd=tmp_path)
     _finish(p, run)
     logdir = _one_logdir(run / "runs")   # HF's output_dir/runs/<date>_<host>: the first attempt's
     assert len(list(logdir.glob("events.out.tfevents.*"))) == 3
     assert _steps(logdir, "train/loss") == list(range(1, 37))
+    _one_wandb_and_mlflow_run(tmp_path, run)   # through HF's own WandbCallback and MLflowCallback
 
 
 @pytest.mark.skipif(importlib.util.find_spec("lightning") is None, reason="lightning not installed")
