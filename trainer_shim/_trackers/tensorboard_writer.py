@@ -56,18 +56,20 @@ def patch(module: Any) -> None:
 def _continue(arguments: dict[str, Any], key: str) -> None:
     """Set the log dir and purge_step of one SummaryWriter call's bound arguments, in place."""
     given = arguments.get(key) or arguments.get("log_dir")   # tensorboardX also takes log_dir=
-    shared = _shared_logdir(given, arguments.get("comment") or "")
+    first = point.current().first_step
+    shared = _shared_logdir(given, arguments.get("comment") or "", restarted=first is not None)
     if shared is not None:
         arguments[key] = shared
         if key != "log_dir":
             arguments.pop("log_dir", None)
-    first = point.current().first_step
     if arguments.get("purge_step") is None and first is not None:
         arguments["purge_step"] = first
 
 
-def _shared_logdir(given: Optional[Any], comment: str) -> Optional[str]:
-    """The log dir all attempts share when `given` is a default one; None: leave it alone."""
+def _shared_logdir(given: Optional[Any], comment: str, restarted: bool) -> Optional[str]:
+    """The log dir all attempts share when `given` is a default one; None: leave it alone. The first
+    default writer of the first attempt records its dir; only a restarted attempt's writers move into
+    it (a first attempt's second default writer keeps its own, as without us)."""
     rd = point.run_dir()
     host = socket.gethostname()
     if rd is None or comment:
@@ -79,4 +81,4 @@ def _shared_logdir(given: Optional[Any], comment: str) -> Optional[str]:
     mine = os.path.abspath(os.fspath(given))
     first = claim(rd, TB_LOGDIR, mine)
     # One default dir per run dir: a default under another parent (another output_dir) is its own.
-    return first if Path(first).parent == Path(mine).parent else mine
+    return first if restarted and Path(first).parent == Path(mine).parent else mine
