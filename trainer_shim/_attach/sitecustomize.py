@@ -18,6 +18,7 @@ import sys
 
 # module whose execution defines what is patched -> the patch function (module:function in trainer_shim)
 _AUTO = "trainer_shim.integrations._autoattach"
+_TRACKERS = "trainer_shim._trackers."
 _TB = "trainer_shim._trackers.tensorboard_writer:patch"
 _PL_TB = "trainer_shim._trackers.lightning_logger:patch"
 _TARGETS = {
@@ -42,12 +43,19 @@ _SHIM_ROOT = os.path.dirname(os.path.dirname(_HERE))
 def _patch(fullname: str, module: object) -> None:
     where, _, function = _TARGETS[fullname].partition(":")
     try:
-        patches = importlib.import_module(where)
-    except ImportError:
-        if _SHIM_ROOT not in sys.path:
-            sys.path.append(_SHIM_ROOT)
-        patches = importlib.import_module(where)
-    getattr(patches, function)(module)
+        try:
+            patches = importlib.import_module(where)
+        except ImportError:
+            if _SHIM_ROOT not in sys.path:
+                sys.path.append(_SHIM_ROOT)
+            patches = importlib.import_module(where)
+        getattr(patches, function)(module)
+    except Exception as e:
+        if not where.startswith(_TRACKERS):
+            raise
+        # A tracker's continuity is never worth the job's import of it: one line, the tracker as it is.
+        print(f"trainer_shim: warning: trackers: {fullname} not continued across restarts: "
+              f"{type(e).__name__}: {e}", file=sys.stderr, flush=True)
 
 
 class _Finder:
