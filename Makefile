@@ -11,7 +11,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml constraints-dev.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -c constraints-dev.txt torch==2.13.0
-	$(PY) -m pip install -q -c constraints-dev.txt -e '.[torch,dev,report,hf,lightning,s3,docs]'
+	$(PY) -m pip install -q -c constraints-dev.txt -e '.[torch,dev,report,hf,lightning,s3,docs,trackers]'
 	touch $(STAMP)
 
 # Debian packages of the real Slurm/Prometheus tests, only when missing; never fails (they skip).

@@ -8,7 +8,7 @@ The three lines that make it resilient are marked `# resilient-run`.
 from __future__ import annotations
 
 import argparse
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
@@ -31,13 +31,13 @@ class RandomTokens(torch.utils.data.Dataset):
 
 
 def build(output_dir: str, *, epochs: int = 3, save_steps: int = 5, save_total_limit: Optional[int] = 2,
-          callbacks: Optional[list[Any]] = None, logging_steps: int = 1) -> Trainer:
+          callbacks: Optional[list[Any]] = None, logging_steps: int = 1, report_to: Sequence[str] = ()) -> Trainer:
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=32))  # dropout 0.1
     args = TrainingArguments(
         output_dir=output_dir, per_device_train_batch_size=8, num_train_epochs=epochs, learning_rate=1e-3,
         save_strategy="steps", save_steps=save_steps, save_total_limit=save_total_limit, logging_steps=logging_steps,
-        report_to=[], seed=0, use_cpu=True, dataloader_num_workers=0, disable_tqdm=True,
+        report_to=list(report_to), seed=0, use_cpu=True, dataloader_num_workers=0, disable_tqdm=True,
     )
     return Trainer(model=model, args=args, train_dataset=RandomTokens(), callbacks=callbacks)
 

@@ -20,7 +20,7 @@ from typing import Any, Optional
 
 from trainer_shim.rundir import (
     ContractError, Event, HeartbeatRecord, Phase, RunDir, RunState, SupervisorState, ensure_run_dir, now_iso, set_title,
-    supervisor_title,
+    supervisor_title, tracker_environ,
 )
 
 from .process import procs, snapshots
@@ -238,7 +238,13 @@ class Supervisor:
     # --- starting an attempt -------------------------------------------------------------------
 
     def _attempt_env(self, n: int, chosen: Optional[str]) -> dict[str, str]:
-        return attempt_environ(self.smart.base_env(), self.rd, n, chosen, self.last_failure)
+        env = attempt_environ(self.smart.base_env(), self.rd, n, chosen, self.last_failure)
+        if self.config.auto_attach:  # off (--no-auto-attach): the trackers' settings are left alone too
+            try:  # one W&B / MLflow run for all attempts (rundir.trackers)
+                tracker_environ(env, self.rd)
+            except OSError as e:  # a run dir that cannot take the id costs the trackers' continuity, not the run
+                say(f"warning: trackers: cannot record their run ids in {self.rd.root}: {e}")
+        return env
 
     def _start_attempt(self, resume: Optional[str] = None, prestart_next: bool = True) -> Attempt:
         """Start the next attempt, resuming from `resume` (None: the newest valid checkpoint)."""

@@ -15,6 +15,7 @@ internal: a script relies only on `__all__`). The rooms are layered: each import
     _disk/         checkpoints on disk: member files, the save and its commit, retention
     _state/        what a save captures: model/optimizer/RNG/data position, sharded state
     _policies/     judgements on a running job: divergence, provenance, when to save
+    _trackers/     TensorBoard, W&B and MLflow continued across restarts (loaded when a job imports one)
     _session/      one process's session: heartbeat, signals, hooks, collectives, the engine's bookkeeping
     _attach/       auto-attach: the bootstrap dir the supervisor puts first on a job's PYTHONPATH
     rundir/        the run-dir contract both sides import (torch-free): paths, env, records, events

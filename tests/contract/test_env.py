@@ -12,7 +12,7 @@ from tests.conftest import REPO, child_env
 from trainer_shim._policies import provenance
 from trainer_shim.rundir import (
     ENV_ALLOW_RESHARD, ENV_ATTEMPT, ENV_DOCTOR, ENV_DOCTOR_FAULTS, ENV_DOCTOR_STEPS, ENV_LAST_FAILURE, ENV_NAMES,
-    ENV_NODE, ENV_RESUME_FROM, ENV_RUN_DIR, ENV_SHM_DIR, ENV_STRICT_RESUME, ENV_CALLBACK, FAULT_KILL, FAULT_RAISE,
+    ENV_NODE, ENV_RESUME_FROM, ENV_RUN_DIR, ENV_SHM_DIR, ENV_STRICT_RESUME, ENV_CALLBACK, ENV_TRACKERS, FAULT_KILL, FAULT_RAISE,
     RESUME_NONE, EnvError, RunEnv,
 )
 from trainer_shim.rundir import env as env_module
@@ -32,6 +32,7 @@ VALID = {
     ENV_DOCTOR_STEPS: ("60", {"doctor_steps": 60}),
     ENV_CALLBACK: ('{"save_every_steps": 5, "keep_last": 2, "async_save": true}',
                    {"callback_options": (("async_save", True), ("keep_last", 2), ("save_every_steps", 5))}),
+    ENV_TRACKERS: ("WANDB_RUN_ID, MLFLOW_RUN_ID", {"trackers": ("WANDB_RUN_ID", "MLFLOW_RUN_ID")}),
 }
 
 

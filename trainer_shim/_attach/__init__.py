@@ -8,5 +8,6 @@ package file is never imported through PYTHONPATH.
 Modules:
 
     sitecustomize  the import hook (stdlib only): when `transformers.trainer` or a Lightning
-                   trainer module has loaded, integrations._autoattach patches its Trainer
+                   trainer module has loaded, integrations._autoattach patches its Trainer; when a
+                   tracker's module has (SummaryWriter, mlflow), _trackers continues it
 """

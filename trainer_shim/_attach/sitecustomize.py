@@ -2,22 +2,37 @@
 
 Costs one dictionary lookup per import until a framework's trainer module loads: no torch, no
 trainer_shim import here. When `transformers.trainer` or a Lightning trainer module has executed,
-trainer_shim.integrations._autoattach patches its Trainer (the callback and the resume point).
+trainer_shim.integrations._autoattach patches its Trainer (the callback and the resume point); when a
+tracker's module has (a SummaryWriter's, mlflow's runs), trainer_shim._trackers continues it across
+restarts.
 Then the user's own sitecustomize (the next one on sys.path) runs, as it would have without us.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.machinery
 import importlib.util
 import os
 import sys
 
-# module whose execution defines a Trainer -> the patch function in integrations._autoattach
+# module whose execution defines what is patched -> the patch function (module:function in trainer_shim)
+_AUTO = "trainer_shim.integrations._autoattach"
+_TRACKERS = "trainer_shim._trackers."
+_TB = "trainer_shim._trackers.tensorboard_writer:patch"
+_PL_TB = "trainer_shim._trackers.lightning_logger:patch"
 _TARGETS = {
-    "transformers.trainer": "patch_hf",
-    "lightning.pytorch.trainer.trainer": "patch_lightning",
-    "pytorch_lightning.trainer.trainer": "patch_lightning",
+    "transformers.trainer": f"{_AUTO}:patch_hf",
+    "lightning.pytorch.trainer.trainer": f"{_AUTO}:patch_lightning",
+    "pytorch_lightning.trainer.trainer": f"{_AUTO}:patch_lightning",
+    # trackers: a restarted run reads as one run
+    "torch.utils.tensorboard.writer": _TB,
+    "tensorboardX.writer": _TB,
+    "mlflow.tracking.fluent": "trainer_shim._trackers.mlflow_run:patch",
+    "lightning.pytorch.loggers.tensorboard": _PL_TB,
+    "lightning.fabric.loggers.tensorboard": _PL_TB,
+    "pytorch_lightning.loggers.tensorboard": _PL_TB,
+    "lightning_fabric.loggers.tensorboard": _PL_TB,
 }
 _HERE = os.path.dirname(os.path.abspath(__file__))
 # The shim's root (the dir holding trainer_shim/): appended to sys.path only if a job's own
@@ -26,13 +41,21 @@ _SHIM_ROOT = os.path.dirname(os.path.dirname(_HERE))
 
 
 def _patch(fullname: str, module: object) -> None:
+    where, _, function = _TARGETS[fullname].partition(":")
     try:
-        import trainer_shim.integrations._autoattach as auto
-    except ImportError:
-        if _SHIM_ROOT not in sys.path:
-            sys.path.append(_SHIM_ROOT)
-        import trainer_shim.integrations._autoattach as auto
-    getattr(auto, _TARGETS[fullname])(module)
+        try:
+            patches = importlib.import_module(where)
+        except ImportError:
+            if _SHIM_ROOT not in sys.path:
+                sys.path.append(_SHIM_ROOT)
+            patches = importlib.import_module(where)
+        getattr(patches, function)(module)
+    except Exception as e:
+        if not where.startswith(_TRACKERS):
+            raise
+        # A tracker's continuity is never worth the job's import of it: one line, the tracker as it is.
+        print(f"trainer_shim: warning: trackers: {fullname} not continued across restarts: "
+              f"{type(e).__name__}: {e}", file=sys.stderr, flush=True)
 
 
 class _Finder:

@@ -91,6 +91,13 @@ class Run:
             self._checkpoint_step = restored.checkpoint_step
             self._disk_save()   # a resumed run keeps the checkpoint it stands on until it has saved one
             self.engine.retention.resumed_step = restored.global_step
+            from .._trackers import point   # a SummaryWriter opened from now on purges the dead attempt's steps
+
+            point.set_resumed(restored.global_step, restored.global_step + 1)   # run.step() counts, then logs
+        elif self.env.resume_from and not self.env.fresh_start_requested:
+            from .._trackers import point   # the supervisor's choice did not restore: not its step, from 0
+
+            point.set_fresh()
         self.engine.provenance.settle()   # every later manifest records it (a fresh start had no resume check)
         self.session.mark.set(self.global_step)
         # Second "starting" beat: the supervisor learns what was actually restored (after any fallback).

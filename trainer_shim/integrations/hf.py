@@ -128,6 +128,10 @@ class ResilientCallback(CallbackOptions, TrainerCallback):
         s = self._start(directory if directory is not None else self.output_dir)  # type: ignore[arg-type]
         assert self.output_dir is not None
         info = s.resume(self._roots(), self.output_dir)
+        if info is not None:
+            from .._trackers import point   # the Trainer logs a step after counting it: N + 1 first
+
+            point.set_resumed(info.step, info.step + 1)
         return str(info.path) if info else None
 
     def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:

@@ -103,6 +103,10 @@ class ResilientCallback(CallbackOptions, *_BASES):  # type: ignore[misc]
         (the Trainer's default_root_dir), else the current directory (Lightning's default)."""
         s = self._start(directory if directory is not None else os.getcwd())
         info = s.resume(rundir.checkpoint_roots(s.rd), s.rd.checkpoints)
+        if info is not None:
+            from .._trackers import point   # Lightning logs a step before counting it: N first
+
+            point.set_resumed(info.step, info.step)
         return str(info.path / LIGHTNING_CKPT) if info else None
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:

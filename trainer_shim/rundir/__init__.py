@@ -35,6 +35,8 @@ One module per idea:
     snapshots  memory snapshot slots in /dev/shm (or RESILIENT_SHM_DIR): names, the owner/mode trust
                rule, find/persist/free
     mount_table  what is mounted where (/proc/self/mounts): cgroup hierarchies, whether a dir is in RAM
+    trackers   experiment trackers across attempts: the W&B / MLflow run ids and TensorBoard log dir
+               all attempts share (RUN_DIR/trackers/), the trackers' env names, the resume tag
     slot_memory  who holds slot memory (owner records), what it weighs, the stale rule, freeing it
     titles     process titles (supervisor, standby, trainer) naming the run dir, set when setproctitle is there
 
@@ -58,6 +60,7 @@ Run-dir layout::
       checkpoint_roots.json      other dirs holding checkpoint dirs (a Trainer's output_dir)
       logs/attempt-NNNN.log      child output per attempt (supervisor writes)
       logs/standby-NNNN.ready    the warm interpreter for attempt N has done its imports (it writes)
+      trackers/<name>            W&B run id, MLflow run id, TensorBoard log dir shared by the attempts
       imported_frameworks.json   frameworks the last trainer imported, for the next warm interpreter (shim writes)
       logs/stacks-<pid>.txt      faulthandler dumps on SIGUSR1 (shim writes)
       errors/attempt-N.json      uncaught exception of attempt N (shim writes; rank 0)
@@ -79,7 +82,7 @@ _EXPORTS: dict[str, str] = {
     "env": (
         "FAULT_KILL FAULT_RAISE MARK_BATCH MARK_EPOCH MARK_STEP parse_faults "
         "ENV_ALLOW_RESHARD ENV_ATTEMPT ENV_DOCTOR ENV_DOCTOR_FAULTS ENV_DOCTOR_STEPS ENV_LAST_FAILURE "
-        "ENV_NAMES ENV_NODE ENV_RESUME_FROM ENV_RUN_DIR ENV_SHM_DIR ENV_STRICT_RESUME ENV_CALLBACK "
+        "ENV_NAMES ENV_NODE ENV_RESUME_FROM ENV_RUN_DIR ENV_SHM_DIR ENV_STRICT_RESUME ENV_CALLBACK ENV_TRACKERS "
         "RESUME_NONE RunEnv LauncherEnv parse_bool"
     ),
     "exits": (
@@ -125,6 +128,10 @@ _EXPORTS: dict[str, str] = {
         "free_slots newest_complete persist_newest persist_slot remove_slot"
     ),
     "mount_table": "fs_type mounts",
+    "trackers": (
+        "ENV_MLFLOW_RUN_ID ENV_WANDB_RESUME ENV_WANDB_RUN_ID MLFLOW_ID TB_LOGDIR TB_VERSION TRACKERS_DIR WANDB_ID "
+        "WANDB_RESUME_ALLOW claim default_logdir is_default_logdir recorded resume_tag tracker_environ"
+    ),
     "slot_memory": (
         "STALE_AFTER_S SlotGroup free_group free_stale lock_pid owner_path record_owner run_slots "
         "slot_groups stale_reason"

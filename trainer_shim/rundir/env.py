@@ -22,7 +22,7 @@ from .frameworks import parse_callback_options
 __all__ = [
     "MARK_STEP", "MARK_BATCH", "MARK_EPOCH", "FAULT_KILL", "FAULT_RAISE", "parse_faults",
     "ENV_RUN_DIR", "ENV_ATTEMPT", "ENV_RESUME_FROM", "ENV_LAST_FAILURE", "ENV_ALLOW_RESHARD", "ENV_NODE",
-    "ENV_STRICT_RESUME", "ENV_DOCTOR", "ENV_DOCTOR_FAULTS", "ENV_DOCTOR_STEPS", "ENV_CALLBACK", "ENV_NAMES",
+    "ENV_STRICT_RESUME", "ENV_TRACKERS", "ENV_DOCTOR", "ENV_DOCTOR_FAULTS", "ENV_DOCTOR_STEPS", "ENV_CALLBACK", "ENV_NAMES",
     "ENV_SHM_DIR", "DEFAULT_SHM_DIR", "shm_dir", "RESUME_NONE", "RunEnv", "parse_bool", "LauncherEnv",
 ]
 
@@ -62,6 +62,9 @@ ENV_ALLOW_RESHARD = "RESILIENT_ALLOW_RESHARD"
 ENV_NODE = "RESILIENT_NODE"
 # True: a provenance mismatch on resume is an exit-2 refusal (set by `resilient-run --strict-resume`).
 ENV_STRICT_RESUME = "RESILIENT_STRICT_RESUME"
+# The trackers' variables the supervisor set for this attempt (comma-separated, e.g.
+# "WANDB_RUN_ID,WANDB_RESUME"): the ones the user did not set (rundir.trackers).
+ENV_TRACKERS = "RESILIENT_TRACKERS"
 # Doctor mode: the path of the per-step digest log (JSON lines) the shim appends to.
 ENV_DOCTOR = "RESILIENT_DOCTOR"
 # Faults the shim injects on itself in doctor mode: "17:kill,41:raise" (first time a step is reached).
@@ -77,7 +80,8 @@ ENV_CALLBACK = "RESILIENT_CALLBACK"
 ENV_SHM_DIR = "RESILIENT_SHM_DIR"
 
 ENV_NAMES = (ENV_RUN_DIR, ENV_ATTEMPT, ENV_RESUME_FROM, ENV_LAST_FAILURE, ENV_ALLOW_RESHARD, ENV_NODE,
-             ENV_STRICT_RESUME, ENV_DOCTOR, ENV_DOCTOR_FAULTS, ENV_DOCTOR_STEPS, ENV_CALLBACK, ENV_SHM_DIR)
+             ENV_STRICT_RESUME, ENV_DOCTOR, ENV_DOCTOR_FAULTS, ENV_DOCTOR_STEPS, ENV_CALLBACK, ENV_SHM_DIR,
+             ENV_TRACKERS)
 DEFAULT_SHM_DIR = "/dev/shm"
 
 RESUME_NONE = "none"                       # the supervisor found nothing valid: start fresh
@@ -150,6 +154,7 @@ class RunEnv:
     doctor_faults: tuple[tuple[int, str], ...] = ()   # (step, FAULT_KILL | FAULT_RAISE), by step
     doctor_steps: Optional[int] = None     # doctor mode ends the run cleanly at this step
     callback_options: tuple[tuple[str, object], ...] = ()   # the auto-attached callback's options, by name
+    trackers: tuple[str, ...] = ()         # the trackers' variables the supervisor set (rundir.trackers)
 
     @property
     def fresh_start_requested(self) -> bool:
@@ -170,6 +175,7 @@ class RunEnv:
             doctor_faults=_parse_faults(environ.get(ENV_DOCTOR_FAULTS)),
             doctor_steps=_parse_int(ENV_DOCTOR_STEPS, environ.get(ENV_DOCTOR_STEPS), minimum=1),
             callback_options=_parse_callback(environ.get(ENV_CALLBACK)),
+            trackers=tuple(filter(None, (n.strip() for n in (environ.get(ENV_TRACKERS) or "").split(",")))),
         )
 
 
