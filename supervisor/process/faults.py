@@ -19,6 +19,7 @@ from typing import Callable, Optional
 from trainer_shim.rundir import process_start_ticks
 
 from .cgroup import MemoryCgroup, MemoryLimit
+from .procs import join_cgroup
 
 __all__ = ["Target", "kill", "stop", "start_oom", "hog"]
 
@@ -100,14 +101,8 @@ def start_oom(t: Target, limit: MemoryLimit, seconds: float) -> Optional[subproc
 
 
 def _join(procs_file: str) -> Callable[[], None]:
-    def run() -> None:
-        # Before exec: every page the allocator touches is charged to the trainer's cgroup.
-        fd = os.open(procs_file, os.O_WRONLY)
-        try:
-            os.write(fd, b"0")
-        finally:
-            os.close(fd)
-    return run
+    # Before exec: every page the allocator touches is charged to the trainer's cgroup.
+    return lambda: join_cgroup(procs_file)
 
 
 def hog() -> None:

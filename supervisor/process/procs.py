@@ -21,7 +21,8 @@ from trainer_shim.rundir import EXIT_SUPERVISOR_GONE
 
 from ..messages import PREFIX
 
-__all__ = ["Child", "ProcessIdentity", "spawn", "identity_of", "matches", "kill_tree", "signal_pid", "tree"]
+__all__ = ["Child", "ProcessIdentity", "spawn", "identity_of", "matches", "kill_tree", "signal_pid", "tree",
+           "join_cgroup"]
 
 _PR_SET_PDEATHSIG = 1
 try:
@@ -208,13 +209,19 @@ def _preexec(cgroup_procs: Optional[str]) -> Callable[[], None]:
             except OSError:
                 pass
         if cgroup_procs:
-            fd = os.open(cgroup_procs, os.O_WRONLY)
-            try:
-                os.write(fd, b"0")
-            finally:
-                os.close(fd)
+            join_cgroup(cgroup_procs)
 
     return run
+
+
+def join_cgroup(procs_file: str) -> None:
+    """Move the calling process into the cgroup of `procs_file` (a forked child before exec: every
+    page it then touches is charged there). Async-signal-safe enough for a pre-exec hook: plain syscalls."""
+    fd = os.open(procs_file, os.O_WRONLY)
+    try:
+        os.write(fd, b"0")
+    finally:
+        os.close(fd)
 
 
 def spawn(
