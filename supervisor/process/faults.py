@@ -29,6 +29,7 @@ PAGE = 4096
 # Highest oom_score_adj: the kernel's choice inside the cgroup is then the trainer, whatever the
 # sizes (its score gains the whole limit), never the allocator nor a DataLoader worker.
 OOM_SCORE_ADJ_MAX = 1000
+OOM_SCORE_ADJ_MIN = -1000   # the allocator's own: the kernel never picks it (root may set it)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,6 +113,11 @@ def hog() -> None:
     pid, ticks, limit, seconds = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
     cgroup = MemoryCgroup(Path(sys.argv[5]), int(sys.argv[6]))
     target, deadline, kills = Target(pid, ticks), time.monotonic() + seconds, cgroup.oom_kills()
+    try:   # never the kernel's victim: while the killed trainer's memory is reaped, our next chunk waits
+        with open("/proc/self/oom_score_adj", "w") as f:   # instead of making the allocator a second kill
+            f.write(str(OOM_SCORE_ADJ_MIN))
+    except OSError:
+        pass
     held: list[bytearray] = []
     # The counter, not only the trainer's death: a killed trainer may take a while to exit on a busy
     # box, and an allocator that went on filling the memory it frees would be the kernel's next victim.

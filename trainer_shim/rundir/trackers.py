@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Optional, Protocol
 
 from .env import ENV_TRACKERS
+from .layout import RUN_DIR_MODE
 
 __all__ = ["ENV_WANDB_RUN_ID", "ENV_WANDB_RESUME", "ENV_MLFLOW_RUN_ID", "WANDB_RESUME_ALLOW", "TRACKERS_DIR",
            "WANDB_ID", "MLFLOW_ID", "TB_LOGDIR", "TB_VERSION", "recorded", "claim", "tracker_environ",
@@ -76,7 +77,7 @@ def claim(rd: _RunRoot, name: str, value: str) -> str:
     """Record `value` under `name` unless a value is there already; the recorded value. A hard link
     of a complete temp file creates the name atomically: the first writer wins, nobody sees a torn one."""
     path = _path(rd, name)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(mode=RUN_DIR_MODE, parents=True, exist_ok=True)   # owner-only, as the whole run dir
     tmp = path.with_name(f".{name}.{os.getpid()}.{secrets.token_hex(4)}")
     tmp.write_text(value + "\n")
     try:
