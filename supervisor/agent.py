@@ -20,7 +20,7 @@ from typing import Any, Optional
 
 from trainer_shim.rundir import (
     ContractError, Event, HeartbeatRecord, Phase, RunDir, RunState, SupervisorState, ensure_run_dir, now_iso, set_title,
-    supervisor_title, tracker_environ,
+    supervisor_title,
 )
 
 from .process import procs, snapshots
@@ -220,11 +220,9 @@ class Supervisor:
             # A hang happened when the rank's heartbeat last changed; a start-up timeout at the start.
             since = a.monitor.tracks[stale.rank].changed_at if stale.rank in a.monitor.tracks else a.started
             a.mark_failure(failed_at=time.time() - (now - since))
-            if a.rank_crashed_at is not None:   # its exception is recorded: a crash slow to exit, not a hang
-                self._kill_stale(Kind.CRASH, f"{stale.detail}; still running {self.config.grace_period:g}s after "
-                                             "its uncaught exception")
-            else:
-                self._kill_stale(stale.kind, stale.detail)
+            crashed = a.rank_crashed_at is not None   # its exception is recorded: a crash slow to exit, not a hang
+            self._kill_stale(Kind.CRASH if crashed else stale.kind, stale.detail + (
+                f"; still running {self.config.grace_period:g}s after its uncaught exception" if crashed else ""))
 
     def _kill_stale(self, kind: Kind, detail: str) -> None:
         a = self.attempt
@@ -238,13 +236,9 @@ class Supervisor:
     # --- starting an attempt -------------------------------------------------------------------
 
     def _attempt_env(self, n: int, chosen: Optional[str]) -> dict[str, str]:
-        env = attempt_environ(self.smart.base_env(), self.rd, n, chosen, self.last_failure)
-        if self.config.auto_attach:  # off (--no-auto-attach): the trackers' settings are left alone too
-            try:  # one W&B / MLflow run for all attempts (rundir.trackers)
-                tracker_environ(env, self.rd)
-            except OSError as e:  # a run dir that cannot take the id costs the trackers' continuity, not the run
-                say(f"warning: trackers: cannot record their run ids in {self.rd.root}: {e}")
-        return env
+        # --no-auto-attach leaves the trackers' settings alone too
+        return attempt_environ(self.smart.base_env(), self.rd, n, chosen, self.last_failure,
+                               trackers=self.config.auto_attach)
 
     def _start_attempt(self, resume: Optional[str] = None, prestart_next: bool = True) -> Attempt:
         """Start the next attempt, resuming from `resume` (None: the newest valid checkpoint)."""

@@ -19,10 +19,11 @@ import psutil
 from trainer_shim.rundir import (
     ENV_ATTEMPT, ENV_LAST_FAILURE, ENV_NODE, ENV_RESUME_FROM, ENV_RUN_DIR, RESUME_NONE, ContractError, ErrorRecord,
     HeartbeatRecord, Phase, RunDir, checkpoint_roots, iso_at, newest_valid, parse_checkpoint_name, reached_step,
-    read_heartbeat_record, read_json,
+    read_heartbeat_record, read_json, tracker_environ,
 )
 
 from . import procs
+from ..messages import say
 from .cgroup import KernelLog, MemoryCgroup
 from ..decisions.classify import AttemptFacts, Kind, classify, is_cuda_oom
 from .below import death_below
@@ -245,8 +246,9 @@ def next_log_number(rd: RunDir, after: int) -> int:
 
 
 def attempt_environ(base: dict[str, str], rd: RunDir, n: int, chosen: Optional[str],
-                    last_failure: Optional[str]) -> dict[str, str]:
-    """Attempt n's environment: `base` plus the contract's variables (unset ones removed)."""
+                    last_failure: Optional[str], trackers: bool = False) -> dict[str, str]:
+    """Attempt n's environment: `base` plus the contract's variables (unset ones removed); with
+    `trackers`, one W&B / MLflow run for all attempts (rundir.trackers)."""
     env = dict(base)
     env[ENV_RUN_DIR] = str(rd.root.resolve())
     env[ENV_ATTEMPT] = str(n)
@@ -256,6 +258,11 @@ def attempt_environ(base: dict[str, str], rd: RunDir, n: int, chosen: Optional[s
             env[name] = str(value)
         else:
             env.pop(name, None)
+    try:
+        if trackers:
+            tracker_environ(env, rd)
+    except OSError as e:  # a run dir that cannot take the id costs the trackers' continuity, not the run
+        say(f"warning: trackers: cannot record their run ids in {rd.root}: {e}")
     return env
 
 
